@@ -1,0 +1,386 @@
+"""Environments: the original A3G Atari wrapper stack on gymnasium 1.x, and flat-vector envs.
+
+Every process that builds an env calls `make_env` (or `atari_env`), which registers the ALE
+games first: spawned processes start with an empty gymnasium registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections import deque
+from typing import Any, SupportsFloat
+
+import cv2
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+
+from utils import UsageError, env_config
+
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+ALE_DEFAULT_MAX_FRAMES = 108_000
+"""ALE cuts every episode at this many raw frames unless told otherwise."""
+NOOP_MAX = 30
+GRAY_WEIGHTS = np.array([0.2989, 0.587, 0.114], dtype=np.float32)
+FRAME_SIZE = 80
+
+StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
+
+
+def register_games() -> None:
+    """Register the ALE games with gymnasium (idempotent; needed once per process)."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+
+
+def lookup_spec(env_id: str) -> EnvSpec:
+    """Return the registered spec of `env_id`.
+
+    Raises:
+        UsageError: the id is unknown; the message suggests close registered ids.
+    """
+    register_games()
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error:
+        close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "e.g. PongNoFrameskip-v4"
+        raise UsageError(f"unknown env id {env_id!r}; {hint}") from None
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether `env_id` is an ALE game (raises UsageError for an unknown id)."""
+    return lookup_spec(env_id).entry_point == ATARI_ENTRY_POINT
+
+
+# ----------------------------------------------------------------------------------------------
+# Atari wrappers, innermost first
+# ----------------------------------------------------------------------------------------------
+
+
+class NoopResetEnv(gym.Wrapper):
+    """After each reset, play a random number (1..noop_max) of no-ops.
+
+    Starts each game from a slightly different state, so a deterministic emulator does not
+    give the agent the same opening every time.
+    """
+
+    def __init__(self, env: gym.Env, noop_max: int = NOOP_MAX):
+        super().__init__(env)
+        if noop_max < 1:
+            raise ValueError(f"expected noop_max >= 1, got {noop_max}")
+        self.noop_max = noop_max
+        self.last_noops = 0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset, then step action 0 a random 1..noop_max times."""
+        obs, info = self.env.reset(**kwargs)
+        self.last_noops = int(self.unwrapped.np_random.integers(1, self.noop_max + 1))
+        for _ in range(self.last_noops):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, info
+
+
+class MaxAndSkipEnv(gym.Wrapper):
+    """Repeat each action `skip` times, sum the rewards, max-pool the last frames.
+
+    Atari sprites flicker (some are drawn every other frame); the element-wise max of the
+    last (up to) 3 raw frames of the window shows everything on screen.
+    """
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        if skip < 1:
+            raise ValueError(f"expected skip >= 1, got {skip}")
+        self.skip = skip
+        self._frames: deque[np.ndarray] = deque(maxlen=3)
+
+    def step(self, action: Any) -> StepResult:
+        """Play `action` for up to `skip` raw frames (fewer when the episode ends)."""
+        self._frames.clear()
+        total_reward = 0.0
+        terminated = truncated = False
+        info: dict[str, Any] = {}
+        for _ in range(self.skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            self._frames.append(obs)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        frame = self._frames[0] if len(self._frames) == 1 else np.max(np.stack(self._frames), 0)
+        return frame, total_reward, terminated, truncated, info
+
+
+class EpisodicLifeEnv(gym.Wrapper):
+    """Losing a life ends the training episode; the game itself resets only at game over.
+
+    Value bootstrapping then treats a life loss as terminal, which helps learning. The real
+    game-over state is kept in `was_real_done` (reach it with
+    ``env.get_wrapper_attr("was_real_done")`` or `was_real_done(env)`).
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.was_real_done = True
+
+    def step(self, action: Any) -> StepResult:
+        """Step, ending the episode early when a life is lost."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.was_real_done = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        # Some games (Qbert) show lives == 0 for a few frames before the real game over, so
+        # only a drop to a positive count is a life loss.
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset the game after a real game over; after a lost life just step a no-op."""
+        if self.was_real_done:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.was_real_done = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireResetEnv(gym.Wrapper):
+    """Press FIRE (action 1) then action 2 after every reset: some games wait for FIRE."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset, then play actions 1 and 2, resetting again if either ends the episode."""
+        self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            self.env.reset()
+        obs, _, terminated, truncated, info = self.env.step(2)
+        if terminated or truncated:
+            obs, info = self.env.reset()
+        return obs, info
+
+
+def process_frame(frame: np.ndarray, conf: dict[str, int]) -> np.ndarray:
+    """Crop, shrink and gray one RGB Atari frame.
+
+    Keeps rows ``crop1 : crop2 + 160`` and the first 160 columns, resizes to 80x80 with
+    area averaging, then takes ``0.2989 R + 0.587 G + 0.114 B``.
+
+    Args:
+        frame: (210, 160, 3) uint8 RGB screen.
+        conf: the game's `config.json` entry.
+
+    Returns:
+        float32 array of shape (1, 80, 80), values in [0, 255].
+    """
+    frame = frame[conf["crop1"] : conf["crop2"] + 160, :160]
+    small = cv2.resize(frame, (FRAME_SIZE, FRAME_SIZE), interpolation=cv2.INTER_AREA)
+    return (small.astype(np.float32) @ GRAY_WEIGHTS).reshape(1, FRAME_SIZE, FRAME_SIZE)
+
+
+class AtariRescale(gym.ObservationWrapper):
+    """Turn RGB screens into (1, 80, 80) float32 frames with `process_frame`."""
+
+    def __init__(self, env: gym.Env, env_conf: dict[str, int]):
+        super().__init__(env)
+        self.conf = env_conf
+        self.observation_space = gym.spaces.Box(
+            0.0, 255.0, (1, FRAME_SIZE, FRAME_SIZE), dtype=np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """Process one screen."""
+        return process_frame(observation, self.conf)
+
+
+class NormalizedEnv(gym.ObservationWrapper):
+    """Standardise frames with running averages of each frame's mean and std.
+
+    Exponential averages with weight ``alpha`` per frame, bias-corrected by
+    ``1 - alpha**t`` as in Adam, so the first frames are not shrunk towards zero.
+    """
+
+    def __init__(self, env: gym.Env, alpha: float = 0.9999):
+        super().__init__(env)
+        self.alpha = alpha
+        self.state_mean = 0.0
+        self.state_std = 0.0
+        self.num_steps = 0
+        self.observation_space = gym.spaces.Box(
+            -np.inf, np.inf, env.observation_space.shape, dtype=np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """Update the running statistics with this frame and return it standardised."""
+        self.num_steps += 1
+        self.state_mean = self.state_mean * self.alpha + float(observation.mean()) * (
+            1 - self.alpha
+        )
+        self.state_std = self.state_std * self.alpha + float(observation.std()) * (1 - self.alpha)
+        correction = 1 - self.alpha**self.num_steps
+        mean = self.state_mean / correction
+        std = self.state_std / correction
+        return ((observation - mean) / (std + 1e-8)).astype(np.float32)
+
+    def state_dict(self) -> dict[str, float]:
+        """The running statistics, for a checkpoint."""
+        return {
+            "state_mean": self.state_mean,
+            "state_std": self.state_std,
+            "num_steps": self.num_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue from statistics saved by `state_dict`."""
+        self.state_mean = float(state["state_mean"])
+        self.state_std = float(state["state_std"])
+        self.num_steps = int(state["num_steps"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Builders
+# ----------------------------------------------------------------------------------------------
+
+
+def atari_env(
+    env_id: str,
+    env_conf: dict[str, int],
+    args: argparse.Namespace,
+    render_mode: str | None = None,
+) -> gym.Env:
+    """Build an ALE game with the original A3G wrapper stack.
+
+    For ``*NoFrameskip*`` ids (ALE frameskip 1): time limit of
+    ``max_episode_length * skip_rate`` raw frames, no-op reset, max-and-skip, episodic life,
+    fire reset (games with FIRE), rescale, normalise. For ids where ALE skips frames itself
+    (``ALE/*-v5``) the first three are replaced by a time limit of ``max_episode_length``
+    agent steps, so frames are never skipped twice.
+
+    Args:
+        env_id: a registered ALE id such as ``PongNoFrameskip-v4`` or ``ALE/Pong-v5``.
+        env_conf: the game's `config.json` entry (see `utils.env_config`).
+        args: needs ``max_episode_length`` and ``skip_rate``.
+        render_mode: passed to ``gymnasium.make`` (``"rgb_array"`` to record, ``"human"``).
+
+    Raises:
+        UsageError: unknown or non-Atari id, a non-RGB observation id, or bad limits.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        raise UsageError(
+            f"{env_id!r} is not an Atari game; use an ALE id such as PongNoFrameskip-v4 "
+            "(vector envs like CartPole-v1 go through make_env)"
+        )
+    if spec.kwargs.get("obs_type", "rgb") != "rgb":
+        raise UsageError(
+            f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
+            "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
+        )
+    if args.max_episode_length < 1:
+        raise UsageError(f"--max-episode-length must be at least 1, got {args.max_episode_length}")
+    if args.skip_rate < 1:
+        raise UsageError(f"--skip-rate must be at least 1, got {args.skip_rate}")
+
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    we_skip = ale_skip == 1
+    frames_per_step = args.skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else 5)
+    make_kwargs: dict[str, Any] = {"render_mode": render_mode}
+    if args.max_episode_length * frames_per_step > ALE_DEFAULT_MAX_FRAMES:
+        # Otherwise ALE's own cap would end episodes before --max-episode-length does.
+        make_kwargs["max_num_frames_per_episode"] = args.max_episode_length * frames_per_step
+    env = gym.make(env_id, **make_kwargs)
+
+    if we_skip:
+        env = gym.wrappers.TimeLimit(env, args.max_episode_length * args.skip_rate)
+        env = NoopResetEnv(env, NOOP_MAX)
+        env = MaxAndSkipEnv(env, args.skip_rate)
+    else:
+        env = gym.wrappers.TimeLimit(env, args.max_episode_length)
+    env = EpisodicLifeEnv(env)
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireResetEnv(env)
+    env = AtariRescale(env, env_conf)
+    return NormalizedEnv(env)
+
+
+def vector_env(env_id: str, args: argparse.Namespace, render_mode: str | None = None) -> gym.Env:
+    """Build a gymnasium env with flat vector observations and discrete actions.
+
+    No image wrappers. The env's registered time limit stays; ``max_episode_length`` only
+    shortens it. With ``args.vector_obs_norm`` observations are standardised per feature
+    by running statistics.
+
+    Raises:
+        UsageError: unknown id, an Atari id, or spaces A3G cannot use.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point == ATARI_ENTRY_POINT:
+        raise UsageError(f"{env_id!r} is an Atari game; build it with atari_env")
+    if args.max_episode_length < 1:
+        raise UsageError(f"--max-episode-length must be at least 1, got {args.max_episode_length}")
+    try:
+        env = gym.make(env_id, render_mode=render_mode)
+    except gym.error.DependencyNotInstalled as err:
+        raise UsageError(f"{env_id!r} needs a package that is not installed: {err}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        env.close()
+        raise UsageError(
+            f"{env_id!r} has observations {obs_space}; outside Atari, A3G takes flat vector "
+            "observations (e.g. CartPole-v1, Acrobot-v1)"
+        )
+    if not isinstance(act_space, gym.spaces.Discrete):
+        env.close()
+        raise UsageError(
+            f"{env_id!r} has actions {act_space}; A3G needs Discrete actions "
+            "(e.g. CartPole-v1, Acrobot-v1)"
+        )
+    if spec.max_episode_steps is None or args.max_episode_length < spec.max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, args.max_episode_length)
+    if args.vector_obs_norm:
+        env = gym.wrappers.NormalizeObservation(env)
+    return env
+
+
+def make_env(
+    env_id: str,
+    config: dict[str, dict[str, int]],
+    args: argparse.Namespace,
+    render_mode: str | None = None,
+) -> gym.Env:
+    """Build the env for `env_id`: the Atari stack for ALE games, `vector_env` otherwise.
+
+    Args:
+        env_id: any registered id.
+        config: the whole `config.json` (the game's entry is picked here).
+        args: the run's configuration.
+        render_mode: passed to ``gymnasium.make``.
+    """
+    if is_atari(env_id):
+        return atari_env(env_id, env_config(config, env_id), args, render_mode)
+    return vector_env(env_id, args, render_mode)
+
+
+def was_real_done(env: gym.Env) -> bool:
+    """Whether the last episode end was a real game over (always true outside Atari)."""
+    try:
+        return bool(env.get_wrapper_attr("was_real_done"))
+    except AttributeError:
+        return True
+
+
+def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
+    """The env's `NormalizedEnv` wrapper, if it has one."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, NormalizedEnv):
+            return env
+        env = env.env
+    return None

@@ -1,0 +1,1 @@
+"""Evaluate a saved model over many episodes; arrives with the training-system issue."""

@@ -1,0 +1,129 @@
+"""The acting agent: one model, one env, its LSTM state and the rollout buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from environment import was_real_done
+
+
+class Agent:
+    """Plays one env with one model, on any device, and records a rollout for the loss.
+
+    Attributes:
+        model: the network (the worker's own copy, or the test process's).
+        env: the environment it acts in.
+        device: where the model, the state and the rollout tensors live.
+        state: the current observation as a float32 tensor on `device`.
+        hx, cx: LSTM state, shape (1, hidden_size).
+        done: the last step ended the episode (a lost life counts in Atari training).
+        info: the info dict of the last step.
+        reward: the last step's reward, clipped to [-1, 1] when ``clip_rewards``.
+        raw_reward: the last step's reward as the game gave it.
+        eps_len: steps since the episode (life) began.
+        values, log_probs, rewards, entropies: the rollout since `clear_actions`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        env: gym.Env,
+        device: torch.device | str = "cpu",
+        clip_rewards: bool = True,
+    ):
+        """Create an agent; call `reset` before acting."""
+        self.model = model
+        self.env = env
+        self.device = torch.device(device)
+        self.clip_rewards = clip_rewards
+        self.state = torch.zeros(0)
+        self.hx, self.cx = model.initial_state(1, self.device)
+        self.done = True
+        self.info: dict[str, Any] = {}
+        self.reward = 0.0
+        self.raw_reward = 0.0
+        self.eps_len = 0
+        self.values: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+        self.rewards: list[float] = []
+        self.entropies: list[torch.Tensor] = []
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _to_state(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+
+    def reset(self, seed: int | None = None) -> None:
+        """Reset the env, the LSTM state and the episode counters."""
+        obs, self.info = self.env.reset(seed=seed)
+        self.state = self._to_state(obs)
+        self.reset_lstm()
+        self.done = False
+        self.eps_len = 0
+
+    def reset_lstm(self) -> None:
+        """Zero the LSTM state (at the start of an episode)."""
+        self.hx, self.cx = self.model.initial_state(1, self.device)
+
+    def detach_lstm(self) -> None:
+        """Cut the graph between rollouts while keeping the LSTM's memory."""
+        self.hx = self.hx.detach()
+        self.cx = self.cx.detach()
+
+    @property
+    def real_done(self) -> bool:
+        """The episode ended with a real game over (not just a lost life)."""
+        return self.done and was_real_done(self.env)
+
+    # -- acting -----------------------------------------------------------------------------
+
+    def _step_env(self, action: int) -> None:
+        obs, reward, terminated, truncated, self.info = self.env.step(action)
+        self.state = self._to_state(obs)
+        self.done = bool(terminated or truncated)
+        self.raw_reward = float(reward)
+        self.reward = max(min(self.raw_reward, 1.0), -1.0) if self.clip_rewards else self.raw_reward
+        self.eps_len += 1
+
+    def action_train(self) -> Agent:
+        """Sample an action from the policy, step the env, and record the step for the loss."""
+        value, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        prob = F.softmax(logits, dim=1)
+        log_prob = F.log_softmax(logits, dim=1)
+        entropy = -(log_prob * prob).sum(1)
+        action = prob.multinomial(1).detach()
+        self._step_env(int(action.item()))
+        self.values.append(value)
+        self.log_probs.append(log_prob.gather(1, action))
+        self.rewards.append(self.reward)
+        self.entropies.append(entropy)
+        return self
+
+    @torch.no_grad()
+    def action_test(self) -> Agent:
+        """Take the greedy (argmax) action and step the env; nothing is recorded."""
+        _, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        self._step_env(int(logits.argmax(1).item()))
+        return self
+
+    @torch.no_grad()
+    def bootstrap_value(self) -> torch.Tensor:
+        """Value of the current state (0 after a terminal step), shape (1, 1), detached."""
+        if self.done:
+            return torch.zeros(1, 1, device=self.device)
+        value, _, _, _ = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        return value
+
+    def clear_actions(self) -> Agent:
+        """Empty the rollout buffers (after an update)."""
+        self.values.clear()
+        self.log_probs.clear()
+        self.rewards.clear()
+        self.entropies.clear()
+        return self

@@ -1,0 +1,217 @@
+"""Optimizers whose statistics live in shared memory, for Hogwild training.
+
+All state (step count, moving averages) is created in ``__init__`` rather than lazily on the
+first step, so `share_memory()` can move it to shared memory before the workers start; every
+worker then reads and updates the same statistics, without locks. The update arithmetic
+follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` (single-tensor path) operation for
+operation, so both give the same parameters step after step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import optim
+
+from utils import UsageError
+
+Params = Iterable[torch.Tensor] | Iterable[dict]
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name} must be a positive number, got {value!r}")
+
+
+class _SharedOptimizer(optim.Optimizer):
+    """Base class: eager state creation and `share_memory`."""
+
+    def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _create_state(self) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                self.state[param] = self._init_state(param, group)
+
+    def share_memory(self) -> None:
+        """Move every state tensor to shared memory (call before starting workers)."""
+        for state in self.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    value.share_memory_()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load statistics, keeping them in shared memory if they were before."""
+        was_shared = any(
+            v.is_shared() for s in self.state.values() for v in s.values() if torch.is_tensor(v)
+        )
+        super().load_state_dict(state_dict)
+        if was_shared:
+            self.share_memory()
+
+
+class SharedRMSprop(_SharedOptimizer):
+    """RMSprop with shared statistics (defaults as in the original A3G: eps 0.1)."""
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 7e-4,
+        alpha: float = 0.99,
+        eps: float = 0.1,
+        weight_decay: float = 0,
+        momentum: float = 0,
+        centered: bool = False,
+    ):
+        """Create the optimizer and its (not yet shared) state.
+
+        Args:
+            params: parameters (or parameter groups) of the shared model.
+            lr: learning rate.
+            alpha: smoothing constant of the squared-gradient average.
+            eps: added to the denominator (0.1 as in the original, torch's default is 1e-8).
+            weight_decay: L2 penalty.
+            momentum: momentum factor.
+            centered: normalise by the gradient's estimated variance.
+        """
+        _check_positive("lr", lr)
+        _check_positive("eps", eps)
+        if not 0.0 <= alpha < 1.0:
+            raise UsageError(f"RMSprop alpha must be in [0, 1), got {alpha!r}")
+        defaults = dict(
+            lr=lr,
+            alpha=alpha,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            centered=centered,
+        )
+        super().__init__(params, defaults)
+        self._create_state()
+
+    def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
+        state = {
+            "step": torch.zeros(()),
+            "square_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+        if group["momentum"] > 0:
+            state["momentum_buffer"] = torch.zeros_like(param)
+        if group["centered"]:
+            state["grad_avg"] = torch.zeros_like(param)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Apply one update with the gradients currently on the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                state["step"] += 1
+                if group["weight_decay"] != 0:
+                    grad = grad.add(param, alpha=group["weight_decay"])
+                square_avg = state["square_avg"]
+                square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+                if group["centered"]:
+                    grad_avg = state["grad_avg"]
+                    grad_avg.lerp_(grad, 1 - alpha)
+                    avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+                else:
+                    avg = square_avg.sqrt()
+                avg = avg.add_(eps)
+                if group["momentum"] > 0:
+                    buf = state["momentum_buffer"]
+                    buf.mul_(group["momentum"]).addcdiv_(grad, avg)
+                    param.add_(buf, alpha=-lr)
+                else:
+                    param.addcdiv_(grad, avg, value=-lr)
+        return loss
+
+
+class SharedAdam(_SharedOptimizer):
+    """Adam (optionally AMSGrad) with shared statistics (defaults as in the original: eps 1e-3)."""
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-3,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+    ):
+        """Create the optimizer and its (not yet shared) state.
+
+        Args:
+            params: parameters (or parameter groups) of the shared model.
+            lr: learning rate.
+            betas: decay rates of the first and second moment averages.
+            eps: added to the denominator (1e-3 as in the original, torch's default is 1e-8).
+            weight_decay: L2 penalty.
+            amsgrad: use the running maximum of the second moment (AMSGrad).
+        """
+        _check_positive("lr", lr)
+        _check_positive("eps", eps)
+        for beta in betas:
+            if not 0.0 <= beta < 1.0:
+                raise UsageError(f"Adam betas must be in [0, 1), got {betas!r}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        super().__init__(params, defaults)
+        self._create_state()
+
+    def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
+        state = {
+            "step": torch.zeros(()),
+            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Apply one update with the gradients currently on the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps = group["lr"], group["eps"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                # Hogwild: another worker may bump the shared count between these two lines;
+                # reading it back as a float keeps this update consistent with itself.
+                state["step"] += 1
+                step = state["step"].item()
+                if group["weight_decay"] != 0:
+                    grad = grad.add(param, alpha=group["weight_decay"])
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias_correction1 = 1 - beta1**step
+                bias_correction2 = 1 - beta2**step
+                step_size = lr / bias_correction1
+                bias_correction2_sqrt = bias_correction2**0.5
+                if group["amsgrad"]:
+                    max_exp_avg_sq = state["max_exp_avg_sq"]
+                    torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+                    denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+                else:
+                    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-step_size)
+        return loss

@@ -1,0 +1,369 @@
+"""The Atari wrapper stack on real ALE games, the vector-env path, and bad env input."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from environment import (
+    AtariRescale,
+    EpisodicLifeEnv,
+    FireResetEnv,
+    MaxAndSkipEnv,
+    NoopResetEnv,
+    NormalizedEnv,
+    atari_env,
+    find_normalizer,
+    make_env,
+    process_frame,
+    register_games,
+    vector_env,
+    was_real_done,
+)
+from tests.conftest import make_args
+from utils import UsageError, env_config
+
+register_games()
+gym.register(
+    "TestPongRam-v0",
+    entry_point="ale_py.env:AtariEnv",
+    kwargs={"game": "pong", "obs_type": "ram", "frameskip": 1},
+)
+
+
+class Recorder(gym.Wrapper):
+    """Records every action, raw observation and reward that passes through it."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.actions: list[int] = []
+        self.frames: list[np.ndarray] = []
+        self.rewards: list[float] = []
+        self.resets = 0
+
+    def reset(self, **kwargs):
+        self.resets += 1
+        obs, info = self.env.reset(**kwargs)
+        self.frames.append(obs)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.actions.append(int(action))
+        self.frames.append(obs)
+        self.rewards.append(float(reward))
+        return obs, reward, terminated, truncated, info
+
+
+def ale(env: gym.Env):
+    return env.unwrapped.ale
+
+
+def wrapper_types(env: gym.Env) -> list[type]:
+    types = []
+    while isinstance(env, gym.Wrapper):
+        types.append(type(env))
+        env = env.env
+    return types
+
+
+# -- the stack ---------------------------------------------------------------------------------
+
+
+def test_noframeskip_stack_order_and_output(config):
+    env = atari_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), make_args())
+    types = wrapper_types(env)
+    ours = [t for t in types if t.__module__ == "environment" or t is gym.wrappers.TimeLimit]
+    assert ours == [
+        NormalizedEnv,
+        AtariRescale,
+        FireResetEnv,
+        EpisodicLifeEnv,
+        MaxAndSkipEnv,
+        NoopResetEnv,
+        gym.wrappers.TimeLimit,
+    ]
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (1, 80, 80) and obs.dtype == np.float32
+    obs, reward, terminated, truncated, _ = env.step(0)
+    assert obs.shape == (1, 80, 80) and obs.dtype == np.float32
+    assert env.observation_space.shape == (1, 80, 80)
+
+
+def test_v5_ids_skip_frames_only_once(config):
+    env = atari_env("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"), make_args())
+    assert MaxAndSkipEnv not in wrapper_types(env)
+    assert NoopResetEnv not in wrapper_types(env)
+    env.reset(seed=0)
+    before = ale(env).getEpisodeFrameNumber()
+    env.step(0)
+    assert ale(env).getEpisodeFrameNumber() - before == 4  # ALE's own skip, not 4 x 4
+
+
+def test_same_seed_gives_same_observations(config):
+    def rollout(seed: int) -> list[np.ndarray]:
+        env = make_env("PongNoFrameskip-v4", config, make_args())
+        obs, _ = env.reset(seed=seed)
+        out = [obs]
+        for action in [2, 3, 2, 2, 0, 3] * 5:
+            out.append(env.step(action)[0])
+        return out
+
+    a, b = rollout(7), rollout(7)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+# -- no-op reset -------------------------------------------------------------------------------
+
+
+def test_noop_reset_plays_1_to_30_noops():
+    env = Recorder(gym.make("PongNoFrameskip-v4"))
+    noop = NoopResetEnv(env, 30)
+    counts = []
+    for seed in range(120):
+        env.actions.clear()
+        noop.reset(seed=seed)
+        counts.append(noop.last_noops)
+        assert env.actions == [0] * noop.last_noops
+        assert ale(noop).getEpisodeFrameNumber() == noop.last_noops
+    assert min(counts) >= 1 and max(counts) <= 30
+    assert len(set(counts)) >= 20  # really random over the range, not a constant
+
+
+# -- max and skip ------------------------------------------------------------------------------
+
+
+def test_max_and_skip_returns_max_of_last_three_frames_and_sums_rewards():
+    rec = Recorder(gym.make("PongNoFrameskip-v4"))
+    env = MaxAndSkipEnv(rec, skip=4)
+    env.reset(seed=3)
+    differs_from_last = 0
+    for step in range(120):
+        start = len(rec.frames)
+        obs, reward, terminated, truncated, _ = env.step([0, 2, 3][step % 3])
+        window = rec.frames[start:]
+        assert len(window) == 4 and rec.actions[-4:] == [rec.actions[-1]] * 4
+        expected = np.maximum(np.maximum(window[1], window[2]), window[3])
+        np.testing.assert_array_equal(obs, expected)
+        assert reward == sum(rec.rewards[-4:])
+        differs_from_last += not np.array_equal(obs, window[-1])
+    assert differs_from_last > 0  # the max really combines frames
+
+
+# -- episodic life -----------------------------------------------------------------------------
+
+
+def test_life_loss_ends_episode_but_not_game():
+    env = EpisodicLifeEnv(gym.make("BreakoutNoFrameskip-v4"))
+    env.reset(seed=0)
+    assert ale(env).lives() == 5
+    life_losses = 0
+    while True:
+        # FIRE launches the ball; NOOP otherwise, so it is missed and a life is lost.
+        _, _, terminated, truncated, _ = env.step(1)
+        if not (terminated or truncated):
+            continue
+        if not was_real_done(env):
+            life_losses += 1
+            frame_before = ale(env).getEpisodeFrameNumber()
+            lives_before = ale(env).lives()
+            env.reset()
+            # Same game: lives kept, frames keep counting.
+            assert ale(env).lives() == lives_before
+            assert ale(env).getEpisodeFrameNumber() > frame_before
+        else:
+            assert ale(env).lives() == 0 or truncated
+            break
+    assert life_losses == 4
+    env.reset()
+    assert ale(env).lives() == 5
+    assert ale(env).getEpisodeFrameNumber() == 0
+
+
+def test_was_real_done_is_reachable_from_the_full_stack(config):
+    env = make_env("BreakoutNoFrameskip-v4", config, make_args())
+    env.reset(seed=1)
+    while True:
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            break
+    assert env.get_wrapper_attr("was_real_done") is False
+    assert was_real_done(env) is False
+
+
+# -- fire reset --------------------------------------------------------------------------------
+
+
+def test_fire_reset_presses_fire_then_2_after_reset(config):
+    rec = Recorder(gym.make("BreakoutNoFrameskip-v4"))
+    env = FireResetEnv(rec)
+    env.reset(seed=0)
+    assert rec.actions == [1, 2]
+    full = make_env("BreakoutNoFrameskip-v4", config, make_args())
+    assert FireResetEnv in wrapper_types(full)
+    # Ms. Pac-Man has no FIRE action: no fire reset.
+    assert FireResetEnv not in wrapper_types(
+        make_env("MsPacmanNoFrameskip-v4", config, make_args())
+    )
+
+
+# -- rescale -----------------------------------------------------------------------------------
+
+
+def hand_processed(frame: np.ndarray, crop1: int) -> np.ndarray:
+    """Rows crop1:crop1+160 of a 160-wide frame, 2x2 block means, then the gray formula."""
+    crop = frame[crop1 : crop1 + 160, :160].astype(np.float64)
+    blocks = crop.reshape(80, 2, 80, 2, 3).mean(axis=(1, 3))
+    gray = 0.2989 * blocks[..., 0] + 0.587 * blocks[..., 1] + 0.114 * blocks[..., 2]
+    return gray.reshape(1, 80, 80)
+
+
+def test_rescale_matches_a_frame_computed_by_hand(config):
+    env = gym.make("PongNoFrameskip-v4")
+    env.reset(seed=0)
+    for _ in range(80):
+        frame = env.step(2)[0]
+    conf = env_config(config, "PongNoFrameskip-v4")
+    out = process_frame(frame, conf)
+    assert out.shape == (1, 80, 80) and out.dtype == np.float32
+    # cv2 rounds the area average to uint8 before the gray step: at most 0.5 per channel.
+    np.testing.assert_allclose(out, hand_processed(frame, 34), atol=0.51)
+    # A different crop gives a clearly different frame: the crop really applies.
+    assert np.abs(out - hand_processed(frame, 10)).max() > 20
+    # Non-square crops (Asteroids keeps 178 rows) still give 80x80.
+    assert process_frame(frame, {"crop1": 16, "crop2": 34, "dimension2": 94}).shape == (1, 80, 80)
+
+
+# -- normalisation -----------------------------------------------------------------------------
+
+
+def test_normaliser_statistics_after_n_frames(config):
+    conf = env_config(config, "PongNoFrameskip-v4")
+    inner = gym.make("PongNoFrameskip-v4")
+    rec = Recorder(AtariRescale(inner, conf))
+    env = NormalizedEnv(rec)
+    obs, _ = env.reset(seed=5)
+    outputs = [obs]
+    for step in range(60):
+        outputs.append(env.step(step % 6)[0])
+    alpha, mean, std = 0.9999, 0.0, 0.0
+    for t, frame in enumerate(rec.frames, start=1):
+        mean = alpha * mean + (1 - alpha) * float(frame.mean())
+        std = alpha * std + (1 - alpha) * float(frame.std())
+        corr = 1 - alpha**t
+        expected = (frame - mean / corr) / (std / corr + 1e-8)
+        np.testing.assert_allclose(outputs[t - 1], expected, rtol=1e-4, atol=1e-4)
+    assert env.num_steps == 61
+    assert env.state_mean == pytest.approx(mean, rel=1e-9)
+    assert env.state_std == pytest.approx(std, rel=1e-9)
+    # The statistics round-trip for checkpoints.
+    other = NormalizedEnv(AtariRescale(gym.make("PongNoFrameskip-v4"), conf))
+    other.load_state_dict(env.state_dict())
+    assert other.state_dict() == env.state_dict()
+    assert find_normalizer(make_env("PongNoFrameskip-v4", config, make_args())) is not None
+
+
+# -- time limit --------------------------------------------------------------------------------
+
+
+def test_time_limit_binds_in_agent_steps(config):
+    env = make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=50))
+    env.reset(seed=0)
+    steps = 0
+    while True:
+        steps += 1
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            break
+    assert truncated and not terminated
+    assert ale(env).getEpisodeFrameNumber() == 50 * 4
+    assert steps < 50  # no-ops and FIRE at reset count towards the game's limit
+    assert was_real_done(env)
+
+
+def test_time_limit_binds_for_v5_ids(config):
+    env = make_env("ALE/Pong-v5", config, make_args(max_episode_length=30))
+    env.reset(seed=0)
+    steps = 0
+    while True:
+        steps += 1
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            break
+    assert truncated and steps == 30 - 2  # FIRE and action 2 at reset are steps too
+
+
+def test_long_limits_lift_ales_own_frame_cap(config):
+    env = make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=40_000))
+    assert ale(env).getInt("max_num_frames_per_episode") == 160_000
+    env = make_env("PongNoFrameskip-v4", config, make_args())
+    assert ale(env).getInt("max_num_frames_per_episode") == 108_000
+
+
+# -- vector envs -------------------------------------------------------------------------------
+
+
+def test_vector_env_has_no_image_wrappers(config):
+    env = make_env("CartPole-v1", config, make_args())
+    assert not {AtariRescale, NormalizedEnv, EpisodicLifeEnv} & set(wrapper_types(env))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4,)
+    steps = 0
+    while True:
+        steps += 1
+        if any(env.step(steps % 2)[2:4]):
+            break
+    assert was_real_done(env)
+    assert make_env("Acrobot-v1", config, make_args()).observation_space.shape == (6,)
+
+
+def test_vector_env_time_limits(config):
+    # CartPole keeps its own 500-step limit under the default --max-episode-length 10000 ...
+    env = vector_env("CartPole-v1", make_args())
+    assert env.get_wrapper_attr("_max_episode_steps") == 500
+    # ... and a shorter one binds.
+    env = vector_env("CartPole-v1", make_args(max_episode_length=5))
+    env.reset(seed=0)
+    results = [env.step(0) for _ in range(5)]
+    assert results[-1][3] or results[-1][2]
+
+
+def test_vector_obs_norm_is_optional(config):
+    plain = vector_env("CartPole-v1", make_args())
+    normed = vector_env("CartPole-v1", make_args(vector_obs_norm=True))
+    assert gym.wrappers.NormalizeObservation not in wrapper_types(plain)
+    assert gym.wrappers.NormalizeObservation in wrapper_types(normed)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_unknown_id_suggests_close_ids(config):
+    with pytest.raises(UsageError, match="unknown env id 'PongNoFrameSkip-v4'.*PongNoFrameskip-v4"):
+        make_env("PongNoFrameSkip-v4", config, make_args())
+
+
+@pytest.mark.parametrize(
+    ("builder", "env_id", "message"),
+    [
+        ("atari", "CartPole-v1", "not an Atari game"),
+        ("atari", "TestPongRam-v0", "ram observations"),
+        ("vector", "PongNoFrameskip-v4", "is an Atari game"),
+        ("vector", "Pendulum-v1", "Discrete actions"),
+        ("vector", "FrozenLake-v1", "flat vector observations"),
+    ],
+)
+def test_wrong_kind_of_env_is_rejected(config, builder, env_id, message):
+    with pytest.raises(UsageError, match=message):
+        if builder == "atari":
+            atari_env(env_id, config["Default"], make_args())
+        else:
+            vector_env(env_id, make_args())
+
+
+def test_bad_limits_are_rejected(config):
+    with pytest.raises(UsageError, match="--max-episode-length must be at least 1, got 0"):
+        make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=0))
+    with pytest.raises(UsageError, match="--skip-rate must be at least 1, got -2"):
+        make_env("PongNoFrameskip-v4", config, make_args(skip_rate=-2))

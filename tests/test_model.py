@@ -1,0 +1,147 @@
+"""The networks: shapes, initialisation statistics, checkpoint keys, model choice."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from model import A3Clstm, A3CMlp, build_model
+from tests.conftest import make_args
+from utils import UsageError
+
+ORIGINAL_KEYS = [
+    "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+    "conv3.weight", "conv3.bias", "conv4.weight", "conv4.bias",
+    "lstm.weight_ih", "lstm.weight_hh", "lstm.bias_ih", "lstm.bias_hh",
+    "critic_linear.weight", "critic_linear.bias", "actor_linear.weight", "actor_linear.bias",
+]  # fmt: skip
+
+FRAMES = gym.spaces.Box(-np.inf, np.inf, (1, 80, 80), np.float32)
+
+
+@pytest.fixture(scope="module")
+def model() -> A3Clstm:
+    torch.manual_seed(0)
+    return A3Clstm(1, gym.spaces.Discrete(6), make_args())
+
+
+def test_forward_shapes(model):
+    x = torch.randn(3, 1, 80, 80)
+    hx, cx = model.initial_state(3)
+    value, logits, hx2, cx2 = model(x, hx, cx)
+    assert value.shape == (3, 1)
+    assert logits.shape == (3, 6)
+    assert hx2.shape == cx2.shape == (3, 512)
+    assert model.encode(x).shape == (3, 1024)
+
+
+def test_state_dict_keys_and_shapes_match_the_original(model):
+    sd = model.state_dict()
+    assert list(sd) == ORIGINAL_KEYS
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    assert shapes["conv1.weight"] == (32, 1, 5, 5)
+    assert shapes["conv2.weight"] == (32, 32, 5, 5)
+    assert shapes["conv3.weight"] == (64, 32, 4, 4)
+    assert shapes["conv4.weight"] == (64, 64, 3, 3)
+    assert shapes["lstm.weight_ih"] == (2048, 1024)
+    assert shapes["lstm.weight_hh"] == (2048, 512)
+    assert shapes["actor_linear.weight"] == (6, 512)
+    assert shapes["critic_linear.weight"] == (1, 512)
+
+
+def test_hidden_size_flag_sizes_the_lstm():
+    m = A3Clstm(1, gym.spaces.Discrete(4), make_args(hidden_size=64))
+    assert m.lstm.hidden_size == 64 and m.actor_linear.weight.shape == (4, 64)
+
+
+def test_conv_init_is_default_scaled_by_relu_gain(model):
+    for conv in (model.conv1, model.conv2, model.conv3, model.conv4):
+        fan_in = conv.weight[0].numel()
+        # PyTorch's default conv init is uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        bound = math.sqrt(2) / math.sqrt(fan_in)
+        w = conv.weight.abs()
+        assert w.max() <= bound + 1e-6
+        assert w.max() > 0.95 * bound
+        assert conv.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+        assert torch.count_nonzero(conv.bias) == 0
+
+
+def test_heads_are_row_normalised(model):
+    actor_norms = model.actor_linear.weight.norm(dim=1)
+    critic_norms = model.critic_linear.weight.norm(dim=1)
+    torch.testing.assert_close(actor_norms, torch.full((6,), 0.01))
+    torch.testing.assert_close(critic_norms, torch.ones(1))
+    assert torch.count_nonzero(model.actor_linear.bias) == 0
+    assert torch.count_nonzero(model.critic_linear.bias) == 0
+
+
+def test_lstm_init(model):
+    lstm, h = model.lstm, 512
+    bound = math.sqrt(6 / (1024 + 2048))  # xavier_uniform on the (4h, 1024) matrix
+    assert lstm.weight_ih.abs().max() <= bound + 1e-6
+    assert lstm.weight_ih.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    w = lstm.weight_hh
+    torch.testing.assert_close(w.T @ w, torch.eye(h), atol=1e-4, rtol=0)
+    expected_ih = torch.zeros(4 * h)
+    expected_ih[h : 2 * h] = 1.0
+    torch.testing.assert_close(lstm.bias_ih, expected_ih)
+    assert torch.count_nonzero(lstm.bias_hh) == 0
+
+
+def test_first_policy_is_near_uniform(model):
+    hx, cx = model.initial_state()
+    _, logits, _, _ = model(torch.randn(1, 1, 80, 80), hx, cx)
+    probs = torch.softmax(logits, 1)
+    assert (probs - 1 / 6).abs().max() < 0.01
+
+
+def test_checkpoint_round_trip_with_weights_only(model, tmp_path):
+    path = tmp_path / "PongNoFrameskip-v4.dat"
+    torch.save(model.state_dict(), path)
+    loaded = A3Clstm(1, gym.spaces.Discrete(6), make_args())
+    loaded.load_state_dict(torch.load(path, weights_only=True))
+    x = torch.randn(1, 1, 80, 80)
+    hx, cx = model.initial_state()
+    for a, b in zip(model(x, hx, cx), loaded(x, hx, cx), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_every_parameter_gets_a_gradient(model):
+    hx, cx = torch.randn(1, 512), torch.randn(1, 512)  # non-zero so weight_hh matters
+    value, logits, _, _ = model(torch.randn(1, 1, 80, 80), hx, cx)
+    model.zero_grad()
+    (value.sum() + logits.sum()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+# -- vector observations and model choice -----------------------------------------------------
+
+
+def test_build_model_picks_the_network_from_the_observation_space():
+    args = make_args(hidden_size=32)
+    assert isinstance(build_model(FRAMES, gym.spaces.Discrete(6), args), A3Clstm)
+    mlp = build_model(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), args)
+    assert isinstance(mlp, A3CMlp)
+    hx, cx = mlp.initial_state(5)
+    value, logits, hx, cx = mlp(torch.randn(5, 4), hx, cx)
+    assert value.shape == (5, 1) and logits.shape == (5, 2) and hx.shape == (5, 32)
+    assert {"lstm.weight_ih", "actor_linear.weight", "critic_linear.weight"} <= set(
+        mlp.state_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    ("obs", "act", "message"),
+    [
+        (FRAMES, gym.spaces.Box(-1, 1, (2,)), "discrete action space"),
+        (gym.spaces.Discrete(16), gym.spaces.Discrete(4), "need a Box"),
+        (gym.spaces.Box(0, 255, (210, 160, 3)), gym.spaces.Discrete(4), "observation shape"),
+    ],
+)
+def test_build_model_rejects_spaces_it_cannot_use(obs, act, message):
+    with pytest.raises(UsageError, match=message):
+        build_model(obs, act, make_args())

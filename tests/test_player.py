@@ -1,0 +1,142 @@
+"""The acting agent: rollout buffers, sampling vs greedy, reward clipping, LSTM state, lives."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from environment import make_env
+from model import build_model
+from player_util import Agent
+from tests.conftest import make_args, requires_cuda
+
+
+class ScriptedEnv(gym.Env):
+    """Vector observations, 3 actions, rewards from a script; records the actions it gets."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def __init__(self, rewards: list[float]):
+        self.script = rewards
+        self.actions: list[int] = []
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.full(4, 0.1, np.float32), {}
+
+    def step(self, action):
+        self.actions.append(int(action))
+        reward = self.script[self.t]
+        self.t += 1
+        obs = np.full(4, 0.1 * self.t, np.float32)
+        return obs, reward, self.t == len(self.script), False, {"t": self.t}
+
+
+def make_agent(env: gym.Env, **kwargs) -> Agent:
+    torch.manual_seed(0)
+    model = build_model(env.observation_space, env.action_space, make_args(hidden_size=16))
+    return Agent(model, env, **kwargs)
+
+
+def test_action_train_records_one_entry_per_step_and_clips_rewards():
+    agent = make_agent(ScriptedEnv([5.0, -3.0, 0.5, 0.0]))
+    agent.reset(seed=0)
+    for _ in range(4):
+        agent.action_train()
+    assert agent.rewards == [1.0, -1.0, 0.5, 0.0]
+    assert agent.raw_reward == 0.0 and agent.done and agent.eps_len == 4
+    assert len(agent.values) == len(agent.log_probs) == len(agent.entropies) == 4
+    assert agent.values[0].shape == (1, 1) and agent.log_probs[0].shape == (1, 1)
+    assert all(v.requires_grad for v in agent.values)
+    # Entropy of a near-uniform 3-way policy is close to log 3.
+    assert agent.entropies[0].item() == pytest.approx(np.log(3), abs=0.01)
+    agent.clear_actions()
+    assert agent.values == agent.log_probs == agent.rewards == agent.entropies == []
+
+
+def test_reward_clipping_can_be_turned_off():
+    agent = make_agent(ScriptedEnv([5.0, -3.0]), clip_rewards=False)
+    agent.reset()
+    agent.action_train().action_train()
+    assert agent.rewards == [5.0, -3.0]
+
+
+def test_action_test_is_greedy():
+    env = ScriptedEnv([0.0] * 6)
+    agent = make_agent(env)
+    with torch.no_grad():
+        agent.model.actor_linear.bias.copy_(torch.tensor([0.0, 5.0, 0.0]))
+    agent.reset()
+    for _ in range(6):
+        agent.action_test()
+    assert env.actions == [1] * 6
+    assert agent.values == []  # nothing recorded while testing
+
+
+def test_action_train_samples_from_the_policy():
+    env = ScriptedEnv([0.0] * 300)
+    agent = make_agent(env)
+    agent.reset()
+    for _ in range(300):
+        agent.action_train()
+    counts = np.bincount(env.actions, minlength=3)
+    assert counts.min() > 60  # near-uniform initial policy: every action is sampled
+
+
+def test_same_seed_samples_the_same_actions():
+    def actions() -> list[int]:
+        env = ScriptedEnv([0.0] * 50)
+        agent = make_agent(env)
+        agent.reset()
+        torch.manual_seed(123)
+        for _ in range(50):
+            agent.action_train()
+        return env.actions
+
+    assert actions() == actions()
+
+
+def test_lstm_state_carries_detaches_and_resets():
+    agent = make_agent(ScriptedEnv([0.0] * 10))
+    agent.reset()
+    agent.action_train()
+    assert agent.hx.abs().sum() > 0 and agent.hx.requires_grad
+    agent.detach_lstm()
+    assert not agent.hx.requires_grad and agent.hx.abs().sum() > 0
+    agent.reset_lstm()
+    assert agent.hx.abs().sum() == 0 and agent.cx.abs().sum() == 0
+
+
+def test_bootstrap_value_is_zero_after_terminal_step():
+    agent = make_agent(ScriptedEnv([0.0]))
+    agent.reset()
+    assert agent.bootstrap_value().shape == (1, 1)
+    agent.action_train()
+    assert agent.done and agent.bootstrap_value().item() == 0.0
+
+
+def test_real_done_separates_life_loss_from_game_over(config):
+    env = make_env("BreakoutNoFrameskip-v4", config, make_args(hidden_size=16))
+    agent = make_agent(env)
+    agent.reset(seed=0)
+    while not agent.done:
+        agent.action_test()
+    assert agent.state.shape == (1, 80, 80)
+    assert not agent.real_done  # a lost life, the game goes on
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_agent_runs_on_gpu():
+    env = ScriptedEnv([1.0] * 5)
+    model = build_model(env.observation_space, env.action_space, make_args(hidden_size=16))
+    agent = Agent(model.cuda(), env, device="cuda")
+    agent.reset()
+    agent.action_train().action_train()
+    assert agent.values[0].device.type == "cuda" and agent.hx.device.type == "cuda"
+    agent.action_test()

@@ -1,0 +1,153 @@
+"""Shared optimizers: step-for-step equal to torch.optim, and really shared across processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from shared_optim import SharedAdam, SharedRMSprop
+from utils import UsageError
+
+
+def small_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def set_grads(model: nn.Module, step: int) -> None:
+    """Gradients of a loss that changes every step (deterministic in `step`)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(8, 6, generator=gen)
+    target = torch.randn(8, 3, generator=gen)
+    model.zero_grad(set_to_none=True)
+    ((model(x) - target) ** 2).mean().backward()
+
+
+CASES = [
+    (SharedAdam, torch.optim.Adam, dict(lr=1e-2, eps=1e-3)),
+    (SharedAdam, torch.optim.Adam, dict(lr=1e-2, eps=1e-3, amsgrad=True)),
+    (SharedAdam, torch.optim.Adam, dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-8, weight_decay=0.1)),
+    (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.99, eps=0.1)),
+    (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, eps=1e-5, centered=True)),
+    (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-3, eps=0.1, momentum=0.9, weight_decay=0.01)),
+]
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kwargs"), CASES)
+def test_same_parameters_as_torch_optim_step_after_step(ours, theirs, kwargs):
+    a, b = small_net(), small_net()
+    opt_a = ours(a.parameters(), **kwargs)
+    opt_a.share_memory()
+    opt_b = theirs(b.parameters(), foreach=False, **kwargs)
+    for step in range(12):
+        set_grads(a, step)
+        set_grads(b, step)
+        opt_a.step()
+        opt_b.step()
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(pa, pb), f"step {step}"
+    assert any(
+        not torch.equal(p, q) for p, q in zip(a.parameters(), small_net().parameters(), strict=True)
+    )
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kwargs"), CASES[:2] + CASES[3:4])
+def test_close_to_torch_default_foreach_path(ours, theirs, kwargs):
+    a, b = small_net(), small_net()
+    opt_a, opt_b = ours(a.parameters(), **kwargs), theirs(b.parameters(), **kwargs)
+    for step in range(12):
+        set_grads(a, step)
+        set_grads(b, step)
+        opt_a.step()
+        opt_b.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb)
+
+
+def test_defaults_are_the_originals():
+    params = list(small_net().parameters())
+    adam = SharedAdam(params).defaults
+    assert adam["lr"] == 1e-3 and adam["eps"] == 1e-3 and adam["betas"] == (0.9, 0.999)
+    assert adam["amsgrad"] is False and adam["weight_decay"] == 0
+    rms = SharedRMSprop(params).defaults
+    assert rms["lr"] == 7e-4 and rms["eps"] == 0.1 and rms["alpha"] == 0.99
+    assert rms["momentum"] == 0 and rms["centered"] is False
+
+
+def test_state_exists_up_front_and_moves_to_shared_memory():
+    net = small_net()
+    opt = SharedAdam(net.parameters(), amsgrad=True)
+    for p in net.parameters():
+        state = opt.state[p]
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+        assert state["step"].item() == 0
+        assert not state["exp_avg"].is_shared()
+    opt.share_memory()
+    assert all(v.is_shared() for s in opt.state.values() for v in s.values())
+
+
+def test_state_dict_round_trip_stays_shared():
+    net = small_net()
+    opt = SharedAdam(net.parameters())
+    opt.share_memory()
+    set_grads(net, 0)
+    opt.step()
+    saved = opt.state_dict()
+    fresh_net = small_net()
+    fresh = SharedAdam(fresh_net.parameters())
+    fresh.share_memory()
+    fresh.load_state_dict(saved)
+    for p in fresh_net.parameters():
+        assert fresh.state[p]["step"].item() == 1
+        assert all(v.is_shared() for v in fresh.state[p].values())
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: SharedAdam(p, lr=0), "lr must be a positive number, got 0"),
+        (lambda p: SharedAdam(p, lr=float("nan")), "lr must be a positive number"),
+        (lambda p: SharedAdam(p, betas=(0.9, 1.0)), "betas must be in"),
+        (lambda p: SharedRMSprop(p, lr=-1), "lr must be a positive number, got -1"),
+        (lambda p: SharedRMSprop(p, alpha=1.5), "alpha must be in"),
+    ],
+)
+def test_bad_hyperparameters_are_rejected(make, message):
+    with pytest.raises(UsageError, match=message):
+        make(small_net().parameters())
+
+
+# -- across processes --------------------------------------------------------------------------
+
+
+def _step_in_child(net: nn.Module, opt: SharedAdam, step: int) -> None:
+    torch.set_num_threads(1)
+    set_grads(net, step)
+    opt.step()
+
+
+def test_updates_from_two_processes_share_params_and_statistics():
+    """Process A steps, then process B: B must see A's moments and step count."""
+    shared = small_net()
+    shared.share_memory()
+    opt = SharedAdam(shared.parameters(), lr=1e-2, amsgrad=True)
+    opt.share_memory()
+    ctx = mp.get_context("spawn")
+    for step in range(2):
+        proc = ctx.Process(target=_step_in_child, args=(shared, opt, step))
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+
+    reference = small_net()
+    ref_opt = torch.optim.Adam(
+        reference.parameters(), lr=1e-2, eps=1e-3, amsgrad=True, foreach=False
+    )
+    for step in range(2):
+        set_grads(reference, step)
+        ref_opt.step()
+    for p, q in zip(shared.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert opt.state[p]["step"].item() == 2

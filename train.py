@@ -1,0 +1,1 @@
+"""Training worker (Hogwild A3C-LSTM); arrives with the training-system issue."""
