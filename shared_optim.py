@@ -43,6 +43,31 @@ class _SharedOptimizer(optim.Optimizer):
                 if torch.is_tensor(value):
                     value.share_memory_()
 
+    def _update(
+        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+    ) -> None:
+        """Apply one update to `param` (the step count is already incremented)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Apply one update with the gradients currently on the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                state["step"] += 1
+                grad = param.grad
+                if group["weight_decay"] != 0:
+                    grad = grad.add(param, alpha=group["weight_decay"])
+                self._update(param, grad, state, group)
+        return loss
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Load statistics, keeping them in shared memory if they were before."""
         was_shared = any(
@@ -103,39 +128,25 @@ class SharedRMSprop(_SharedOptimizer):
             state["grad_avg"] = torch.zeros_like(param)
         return state
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Apply one update with the gradients currently on the parameters."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                state = self.state[param]
-                state["step"] += 1
-                if group["weight_decay"] != 0:
-                    grad = grad.add(param, alpha=group["weight_decay"])
-                square_avg = state["square_avg"]
-                square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
-                if group["centered"]:
-                    grad_avg = state["grad_avg"]
-                    grad_avg.lerp_(grad, 1 - alpha)
-                    avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
-                else:
-                    avg = square_avg.sqrt()
-                avg = avg.add_(eps)
-                if group["momentum"] > 0:
-                    buf = state["momentum_buffer"]
-                    buf.mul_(group["momentum"]).addcdiv_(grad, avg)
-                    param.add_(buf, alpha=-lr)
-                else:
-                    param.addcdiv_(grad, avg, value=-lr)
-        return loss
+    def _update(
+        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+    ) -> None:
+        lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+        square_avg = state["square_avg"]
+        square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+        if group["centered"]:
+            grad_avg = state["grad_avg"]
+            grad_avg.lerp_(grad, 1 - alpha)
+            avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+        else:
+            avg = square_avg.sqrt()
+        avg = avg.add_(eps)
+        if group["momentum"] > 0:
+            buf = state["momentum_buffer"]
+            buf.mul_(group["momentum"]).addcdiv_(grad, avg)
+            param.add_(buf, alpha=-lr)
+        else:
+            param.addcdiv_(grad, avg, value=-lr)
 
 
 class SharedAdam(_SharedOptimizer):
@@ -179,39 +190,25 @@ class SharedAdam(_SharedOptimizer):
             state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return state
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Apply one update with the gradients currently on the parameters."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps = group["lr"], group["eps"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                state = self.state[param]
-                # Hogwild: another worker may bump the shared count between these two lines;
-                # reading it back as a float keeps this update consistent with itself.
-                state["step"] += 1
-                step = state["step"].item()
-                if group["weight_decay"] != 0:
-                    grad = grad.add(param, alpha=group["weight_decay"])
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**step
-                step_size = lr / bias_correction1
-                bias_correction2_sqrt = bias_correction2**0.5
-                if group["amsgrad"]:
-                    max_exp_avg_sq = state["max_exp_avg_sq"]
-                    torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-                    denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-                else:
-                    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-                param.addcdiv_(exp_avg, denom, value=-step_size)
-        return loss
+    def _update(
+        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+    ) -> None:
+        beta1, beta2 = group["betas"]
+        lr, eps = group["lr"], group["eps"]
+        # Hogwild: another worker may bump the shared count meanwhile; one read keeps this
+        # update consistent with itself.
+        step = state["step"].item()
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2**0.5
+        if group["amsgrad"]:
+            max_exp_avg_sq = state["max_exp_avg_sq"]
+            torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+            denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        else:
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)

@@ -1,1 +1,1 @@
-"""Evaluation process (greedy test episodes, logging, checkpoints); arrives with the training-system issue."""
+"""Evaluation process: greedy test episodes, logging, checkpoints (next issue)."""

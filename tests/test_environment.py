@@ -60,6 +60,16 @@ def ale(env: gym.Env):
     return env.unwrapped.ale
 
 
+def steps_until_done(env: gym.Env, action: int = 0) -> tuple[int, bool, bool]:
+    """Play `action` until the episode ends: (agent steps, terminated, truncated)."""
+    steps = 0
+    while True:
+        steps += 1
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            return steps, terminated, truncated
+
+
 def wrapper_types(env: gym.Env) -> list[type]:
     types = []
     while isinstance(env, gym.Wrapper):
@@ -184,10 +194,7 @@ def test_life_loss_ends_episode_but_not_game():
 def test_was_real_done_is_reachable_from_the_full_stack(config):
     env = make_env("BreakoutNoFrameskip-v4", config, make_args())
     env.reset(seed=1)
-    while True:
-        _, _, terminated, truncated, _ = env.step(0)
-        if terminated or truncated:
-            break
+    steps_until_done(env)
     assert env.get_wrapper_attr("was_real_done") is False
     assert was_real_done(env) is False
 
@@ -270,12 +277,7 @@ def test_normaliser_statistics_after_n_frames(config):
 def test_time_limit_binds_in_agent_steps(config):
     env = make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=50))
     env.reset(seed=0)
-    steps = 0
-    while True:
-        steps += 1
-        _, _, terminated, truncated, _ = env.step(0)
-        if terminated or truncated:
-            break
+    steps, terminated, truncated = steps_until_done(env)
     assert truncated and not terminated
     assert ale(env).getEpisodeFrameNumber() == 50 * 4
     assert steps < 50  # no-ops and FIRE at reset count towards the game's limit
@@ -285,12 +287,7 @@ def test_time_limit_binds_in_agent_steps(config):
 def test_time_limit_binds_for_v5_ids(config):
     env = make_env("ALE/Pong-v5", config, make_args(max_episode_length=30))
     env.reset(seed=0)
-    steps = 0
-    while True:
-        steps += 1
-        _, _, terminated, truncated, _ = env.step(0)
-        if terminated or truncated:
-            break
+    steps, _, truncated = steps_until_done(env)
     assert truncated and steps == 30 - 2  # FIRE and action 2 at reset are steps too
 
 
