@@ -29,9 +29,13 @@ StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
 
 
 def register_games() -> None:
-    """Register the ALE games with gymnasium (idempotent; needed once per process)."""
+    """Register the ALE games with gymnasium (idempotent; needed once per process).
+
+    Also silences ALE's start-up banner, which every worker would otherwise print.
+    """
     import ale_py
 
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
     gym.register_envs(ale_py)
 
 
@@ -53,6 +57,21 @@ def lookup_spec(env_id: str) -> EnvSpec:
 def is_atari(env_id: str) -> bool:
     """Whether `env_id` is an ALE game (raises UsageError for an unknown id)."""
     return lookup_spec(env_id).entry_point == ATARI_ENTRY_POINT
+
+
+def frames_per_step(env_id: str, args: argparse.Namespace) -> int:
+    """Raw emulator frames behind one agent step (1 outside Atari).
+
+    ``*NoFrameskip*`` ids: ``--skip-rate``; ids where ALE skips itself: ALE's frameskip (3, the
+    mean, for the old ids that skip a random 2-4 frames).
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        return 1
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    if ale_skip == 1:
+        return args.skip_rate
+    return ale_skip if isinstance(ale_skip, int) else 3
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,13 +308,15 @@ def atari_env(
     if args.skip_rate < 1:
         raise UsageError(f"--skip-rate must be at least 1, got {args.skip_rate}")
 
-    ale_skip = spec.kwargs.get("frameskip", 1)
-    we_skip = ale_skip == 1
-    frames_per_step = args.skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else 5)
+    we_skip = spec.kwargs.get("frameskip", 1) == 1
+    # The old ids skip up to 4 frames at random: budget for the most.
+    max_frames = args.max_episode_length * max(
+        frames_per_step(env_id, args), 4 if not we_skip else 1
+    )
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
-    if args.max_episode_length * frames_per_step > ALE_DEFAULT_MAX_FRAMES:
+    if max_frames > ALE_DEFAULT_MAX_FRAMES:
         # Otherwise ALE's own cap would end episodes before --max-episode-length does.
-        make_kwargs["max_num_frames_per_episode"] = args.max_episode_length * frames_per_step
+        make_kwargs["max_num_frames_per_episode"] = max_frames
     env = gym.make(env_id, **make_kwargs)
 
     if we_skip:

@@ -1,1 +1,225 @@
-"""Evaluate a saved model over many episodes; arrives with the training-system issue."""
+"""Evaluate a saved model: greedy full games, per-game log lines, a summary and a JSON record."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from environment import make_env
+from main import DEFAULT_ENV, check_gpus
+from model import build_model
+from player_util import Agent
+from utils import (
+    UsageError,
+    checkpoint_path,
+    env_file_stem,
+    load_weights,
+    read_config,
+    setup_logger,
+)
+
+VIDEO_FPS = 30
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The original gym_eval.py flags (same names and defaults), plus ours."""
+    p = argparse.ArgumentParser(
+        description="Evaluate a trained A3G model over many greedy games.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--env", "-ev", default=DEFAULT_ENV, help="gymnasium environment id")
+    p.add_argument("--env-config", "-evc", default="config.json", help="per-game crop settings")
+    p.add_argument("--num-episodes", "-ne", type=int, default=100, help="games to play")
+    p.add_argument(
+        "--load-model-dir", "-lmd", default="trained_models/", help="folder holding <env>.dat"
+    )
+    p.add_argument("--log-dir", "-lgd", default="logs/", help="folder of the eval log and JSON")
+    p.add_argument("--render", "-r", action="store_true", help="show the game in a window")
+    p.add_argument(
+        "--render-freq", "-rf", type=int, default=1, help="with --render, show every Nth game"
+    )
+    p.add_argument(
+        "--max-episode-length",
+        "-mel",
+        type=int,
+        default=10000,
+        help="agent steps before a game is cut",
+    )
+    p.add_argument(
+        "--new-gym-eval",
+        "-nge",
+        action="store_true",
+        help="record every game as an MP4 video in --video-dir",
+    )
+    p.add_argument("--seed", "-s", type=int, default=1, help="random seed")
+    p.add_argument("--gpu-id", "-gid", type=int, default=-1, help="GPU to run on; -1 = CPU")
+    p.add_argument("--hidden-size", "-hs", type=int, default=512, help="LSTM hidden size")
+    p.add_argument("--skip-rate", "-sk", type=int, default=4, help="frame skip")
+    p.add_argument(
+        "--video-dir", default=None, help="where --new-gym-eval writes (default <log-dir>videos/)"
+    )
+    p.add_argument(
+        "--vector-obs-norm",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="standardise vector observations (match the training run)",
+    )
+    return p  # fmt: skip
+
+
+def validate(args: argparse.Namespace) -> argparse.Namespace:
+    """Reject bad values with a message naming the value and the fix."""
+    for flag, value in (
+        ("--num-episodes", args.num_episodes),
+        ("--render-freq", args.render_freq),
+        ("--max-episode-length", args.max_episode_length),
+        ("--skip-rate", args.skip_rate),
+        ("--hidden-size", args.hidden_size),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise UsageError(
+            "--render needs a display, and none is set here (DISPLAY is empty); "
+            "use --new-gym-eval to record videos instead"
+        )
+    check_gpus([args.gpu_id])
+    return args
+
+
+class VideoRecorder:
+    """Writes one game's frames to an MP4 file with OpenCV (already a dependency)."""
+
+    def __init__(self, path: Path, fps: int = VIDEO_FPS):
+        self.path = path
+        self.fps = fps
+        self.writer: cv2.VideoWriter | None = None
+
+    def add(self, frame: np.ndarray) -> None:
+        """Append an RGB frame."""
+        if self.writer is None:
+            height, width = frame.shape[:2]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fourcc = cv2.VideoWriter_fourcc(*"mp4v")
+            self.writer = cv2.VideoWriter(str(self.path), fourcc, self.fps, (width, height))
+            if not self.writer.isOpened():
+                raise UsageError(f"cannot write video {str(self.path)!r}; check --video-dir")
+        self.writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+
+    def close(self) -> None:
+        """Finish the file."""
+        if self.writer is not None:
+            self.writer.release()
+
+
+def play_game(
+    agent: Agent, recorder: VideoRecorder | None, seed: int | None = None
+) -> tuple[float, int]:
+    """One full greedy game (lost lives continue it); returns (reward, agent steps)."""
+    agent.reset(seed=seed)
+    reward, length = 0.0, 0
+    while True:
+        if recorder is not None:
+            recorder.add(agent.env.render())
+        agent.action_test()
+        reward += agent.raw_reward
+        length += 1
+        if agent.real_done:
+            return reward, length
+        if agent.done:
+            agent.reset()
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
+    model_path = checkpoint_path(args.load_model_dir, args.env)
+    stem = env_file_stem(args.env)
+    log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
+    config = read_config(args.env_config)
+    device = torch.device("cpu") if args.gpu_id < 0 else torch.device("cuda", args.gpu_id)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(args.seed)
+
+    render_mode = "rgb_array" if args.new_gym_eval else None
+    env = make_env(args.env, config, args, render_mode=render_mode)
+    shown = make_env(args.env, config, args, render_mode="human") if args.render else None
+    model = build_model(env.observation_space, env.action_space, args)
+    load_weights(model, model_path)
+    model.to(device).eval()
+    log.info(f"evaluating {model_path} on {args.env} for {args.num_episodes} games")
+    video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
+
+    agent = Agent(model, env, device, clip_rewards=False)
+    rewards: list[float] = []
+    lengths: list[int] = []
+    start = time.time()
+    for game in range(1, args.num_episodes + 1):
+        agent.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
+        recorder = None
+        if args.new_gym_eval:
+            recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
+        try:
+            reward, length = play_game(agent, recorder, args.seed if game == 1 else None)
+        finally:
+            if recorder is not None:
+                recorder.close()
+        rewards.append(reward)
+        lengths.append(length)
+        log.info(
+            f"game {game}/{args.num_episodes}: reward {reward}, length {length}, "
+            f"reward mean {statistics.fmean(rewards):.4f}"
+        )
+    summary = {
+        "env": args.env,
+        "model": str(model_path),
+        "games": len(rewards),
+        "mean": statistics.fmean(rewards),
+        "std": statistics.pstdev(rewards),
+        "best": max(rewards),
+        "worst": min(rewards),
+        "mean_length": statistics.fmean(lengths),
+        "rewards": rewards,
+        "lengths": lengths,
+        "seed": args.seed,
+        "seconds": round(time.time() - start, 3),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    json_path = Path(args.log_dir) / f"{stem}_eval.json"
+    json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    log.info(
+        f"{args.env}: mean reward {summary['mean']:.2f} +/- {summary['std']:.2f} (std) over "
+        f"{summary['games']} games, best {summary['best']}; summary in {json_path}"
+    )
+    if args.new_gym_eval:
+        log.info(f"videos in {video_dir}")
+    env.close()
+    if shown is not None:
+        shown.close()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code (0 ok, 2 bad input)."""
+    logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
+    try:
+        args = validate(build_parser().parse_args(argv))
+        evaluate(args)
+    except UsageError as err:
+        print(f"gym_eval.py: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import queue
+import signal
 import sys
+import tempfile
+import time
+from pathlib import Path
 
-from utils import UsageError
+import torch
+import torch.multiprocessing as mp
+
+from environment import make_env
+from model import build_model
+from test import cpu_state_dict, format_elapsed, test
+from train import make_optimizer, train
+from utils import (
+    ProcessContext,
+    UsageError,
+    checkpoint_path,
+    env_file_stem,
+    load_weights,
+    read_config,
+    save_atomic,
+)
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
 
@@ -96,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="n-step sizes dealt round-robin to workers (overrides --num-steps)",
     )
     p.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="stop after this many agent steps summed over workers (0 = until Ctrl-C)",
+    )
+    p.add_argument(
+        "--test-interval",
+        type=float,
+        default=60.0,
+        help="seconds the test process waits between evaluation games",
+    )
+    p.add_argument(
         "--vector-obs-norm",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -120,6 +153,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag, value in positive_ints.items():
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.max_steps < 0:
+        raise UsageError(f"--max-steps must be 0 (no limit) or more, got {args.max_steps}")
+    if not (math.isfinite(args.test_interval) and args.test_interval >= 0):
+        raise UsageError(f"--test-interval must be 0 or more seconds, got {args.test_interval}")
     for size in args.distributed_step_size:
         if size < 1:
             raise UsageError(f"--distributed-step-size values must be at least 1, got {size}")
@@ -143,15 +180,222 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return validate_args(build_parser().parse_args(argv))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the process exit code."""
+def check_gpus(gpu_ids: list[int]) -> None:
+    """Reject GPU ids that do not exist here.
+
+    Raises:
+        UsageError: CUDA is unavailable, or an id is out of range.
+    """
+    if gpu_ids == [-1]:
+        return
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--gpu-ids {' '.join(map(str, gpu_ids))} asks for GPUs but CUDA is not available "
+            "here; drop --gpu-ids (or pass -1) to train on the CPU"
+        )
+    count = torch.cuda.device_count()
+    for gpu_id in gpu_ids:
+        if not 0 <= gpu_id < count:
+            raise UsageError(
+                f"--gpu-ids names GPU {gpu_id}, but this machine has {count} "
+                f"(ids 0..{count - 1}); pass ids from that range"
+            )
+
+
+def check_writable(folder: str, flag: str) -> None:
+    """Create `folder` if needed and make sure files can be written there."""
+    path = Path(folder)
     try:
-        parse_args(argv)
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"{flag} {folder!r} is not writable ({err.strerror}); choose a folder you can write"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch and supervision
+# ----------------------------------------------------------------------------------------------
+
+
+class Launcher:
+    """Builds the shared model and optimizer, starts the processes and drives the shutdown."""
+
+    JOIN_SECONDS = 10.0
+    POLL_SECONDS = 0.25
+
+    def __init__(self, args: argparse.Namespace):
+        """Prepare everything that can fail on bad input, before any process starts."""
+        self.args = args
+        self.log = logging.getLogger("a3g.main")
+        self.stop_reason = ""
+        self.failed = False
+        check_gpus(args.gpu_ids)
+        config = read_config(args.env_config)
+        env = make_env(args.env, config, args)
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        env.close()
+        check_writable(args.save_model_dir, "--save-model-dir")
+        check_writable(args.log_dir, "--log-dir")
+        self.save_path = checkpoint_path(args.save_model_dir, args.env)
+        self.final_path = (
+            checkpoint_path(args.save_model_dir, args.env, "_last.dat")
+            if args.save_max
+            else self.save_path
+        )
+        args.tensorboard_dir = str(
+            Path(args.log_dir)
+            / "runs"
+            / f"{env_file_stem(args.env)}_{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+
+        torch.manual_seed(args.seed)
+        self.shared_model = build_model(self.observation_space, self.action_space, args)
+        if args.load:
+            load_path = checkpoint_path(args.load_model_dir, args.env)
+            load_weights(self.shared_model, load_path)
+            self.log.info(f"loaded weights from {load_path}")
+        self.shared_model.share_memory()
+        self.optimizer = None
+        if args.shared_optimizer:
+            self.optimizer = make_optimizer(self.shared_model.parameters(), args)
+            self.optimizer.share_memory()
+
+        self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
+        self.ctx = ProcessContext.create(self.mp, args.max_steps)
+        self.processes: dict[str, mp.process.BaseProcess] = {}
+        self._signals = 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self.stop_reason = f"{signal.Signals(signum).name} received"
+            self.ctx.stop_event.set()
+
+    def start(self) -> None:
+        """Start the test process and the workers."""
+        # Children inherit an ignored SIGINT, so a Ctrl-C during their start-up (before
+        # their own setup runs) cannot raise KeyboardInterrupt in them either.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self._start("Test Agent", test, (self.args, self.shared_model, self.ctx))
+            for rank in range(self.args.workers):
+                self._start(
+                    f"Train Agent: {rank}",
+                    train,
+                    (rank, self.args, self.shared_model, self.optimizer, self.ctx),
+                )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _start(self, name: str, target: object, args: tuple) -> None:
+        proc = self.mp.Process(target=target, args=args, name=name, daemon=False)
+        proc.start()
+        self.processes[name] = proc
+
+    def supervise(self) -> None:
+        """Wait until a signal, the step budget, the workers' end or a child's failure."""
+        while not self.ctx.stop_event.is_set():
+            for name, proc in self.processes.items():
+                if proc.exitcode not in (None, 0):
+                    self._report_failure(name, proc)
+                    return
+            workers = [p for n, p in self.processes.items() if n != "Test Agent"]
+            if all(p.exitcode == 0 for p in workers):
+                self.stop_reason = (
+                    f"--max-steps {self.args.max_steps} reached"
+                    if self.ctx.budget_reached()
+                    else "all workers finished"
+                )
+                return
+            if self.ctx.budget_reached() and not self.stop_reason:
+                self.stop_reason = f"--max-steps {self.args.max_steps} reached"
+            time.sleep(self.POLL_SECONDS)
+
+    def _report_failure(self, name: str, proc: mp.process.BaseProcess) -> None:
+        self.failed = True
+        causes = {}
+        while True:
+            try:
+                title, cause, trace = self.ctx.errors.get(timeout=0.5)
+            except queue.Empty:
+                break
+            causes[title] = cause
+            self.log.debug(trace)
+        code = proc.exitcode
+        how = (
+            f"killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exit code {code}"
+        )
+        cause = causes.get(name, "no error report (it died without raising)")
+        self.stop_reason = f"{name} (pid {proc.pid}) died: {how}; {cause}"
+        for other, other_cause in causes.items():
+            if other != name:
+                self.log.error(f"{other} also failed: {other_cause}")
+
+    def shutdown(self) -> None:
+        """Stop every child, then save the latest weights."""
+        self.ctx.stop_event.set()
+        deadline = time.monotonic() + self.JOIN_SECONDS
+        for proc in self.processes.values():
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for name, proc in self.processes.items():
+            if proc.is_alive():
+                self.log.warning(f"{name} (pid {proc.pid}) did not stop in time; terminating it")
+                proc.terminate()
+                proc.join(3)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        save_atomic(cpu_state_dict(self.shared_model), self.final_path)
+
+    def run(self) -> int:
+        """Start, supervise, shut down; returns the exit code (0, or 1 if a child failed)."""
+        handlers = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        start = time.time()
+        try:
+            self.start()
+            self.log.info(
+                f"training {self.args.env} with {self.args.workers} workers on "
+                f"{describe_devices(self.args.gpu_ids)}; Ctrl-C stops and saves"
+            )
+            self.supervise()
+        finally:
+            self.shutdown()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        steps = self.ctx.total_steps()
+        message = (
+            f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
+            f"{format_elapsed(time.time() - start)}; model saved to {self.final_path}"
+        )
+        if self.failed:
+            self.log.error(message)
+            return 1
+        self.log.info(message)
+        return 0
+
+
+def describe_devices(gpu_ids: list[int]) -> str:
+    """``CPU`` or ``GPU 0, 1``."""
+    return "CPU" if gpu_ids == [-1] else "GPU " + ", ".join(map(str, gpu_ids))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the process exit code (0 ok, 1 a process failed, 2 bad input)."""
+    logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
+    try:
+        args = parse_args(argv)
+        launcher = Launcher(args)
     except UsageError as err:
         print(f"main.py: error: {err}", file=sys.stderr)
         return 2
-    print("main.py: training is not implemented yet (see README)", file=sys.stderr)
-    return 1
+    return launcher.run()
 
 
 if __name__ == "__main__":

@@ -1,1 +1,121 @@
-"""Evaluation process: greedy test episodes, logging, checkpoints (next issue)."""
+"""The evaluation process: greedy games with the latest weights, log, TensorBoard, checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from environment import frames_per_step, make_env
+from model import build_model
+from player_util import Agent
+from utils import (
+    ProcessContext,
+    checkpoint_path,
+    child_process,
+    read_config,
+    save_atomic,
+    setup_logger,
+    worker_device,
+)
+
+
+def format_elapsed(seconds: float) -> str:
+    """``00h 02m 13s`` (hours keep counting past a day)."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}h {minutes:02d}m {secs:02d}s"
+
+
+def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the weights, as saved in ``.dat`` files."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def log_file(args: argparse.Namespace) -> Path:
+    """``<log-dir><env>_log``."""
+    return checkpoint_path(args.log_dir, args.env, "_log")
+
+
+def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessContext) -> None:
+    """Play greedy games with the latest shared weights until the launcher says stop.
+
+    After each real game over: log the game (the original's line plus total steps and
+    frames/s), write TensorBoard scalars and histograms, save ``<save-model-dir><env>.dat``
+    (every game, or only on a new best with ``--save-max``), then wait ``--test-interval``
+    seconds and reload the weights. A lost life continues the same game.
+    """
+    device = worker_device(args.gpu_ids[-1])
+    log = setup_logger(f"a3g.test.{args.env}", log_file(args))
+    for key, value in sorted(vars(args).items()):
+        log.info(f"{key}: {value}")
+
+    torch.manual_seed(args.seed)
+    env = make_env(args.env, read_config(args.env_config), args)
+    model = build_model(env.observation_space, env.action_space, args).to(device)
+    model.eval()
+    agent = Agent(model, env, device, clip_rewards=False)
+    model.load_state_dict(shared_model.state_dict())
+    agent.reset(seed=args.seed)
+
+    writer = None
+    if args.tensorboard_logger:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=args.tensorboard_dir)
+        writer.add_graph(model, (agent.state.unsqueeze(0), agent.hx, agent.cx))
+        writer.flush()
+
+    frames_per = frames_per_step(args.env, args)
+    save_path = checkpoint_path(args.save_model_dir, args.env)
+    start = time.time()
+    games, reward_total, best = 0, 0.0, -math.inf
+    reward_sum, length = 0.0, 0
+    while not ctx.stop_event.is_set():
+        agent.action_test()
+        reward_sum += agent.raw_reward
+        length += 1
+        if not agent.done:
+            continue
+        if not agent.real_done:
+            agent.reset()  # a lost life: same game, fresh LSTM state as in training
+            continue
+
+        games += 1
+        reward_total += reward_sum
+        steps = ctx.total_steps()
+        elapsed = time.time() - start
+        log.info(
+            f"Time {format_elapsed(elapsed)}, episode reward {reward_sum}, "
+            f"episode length {length}, reward mean {reward_total / games:.4f}, "
+            f"total steps {steps}, frames/s {steps * frames_per / max(elapsed, 1e-9):.0f}"
+        )
+        if writer is not None:
+            frames = steps * frames_per
+            writer.add_scalar("test/episode_reward", reward_sum, frames)
+            writer.add_scalar("test/episode_length", length, frames)
+            for name, param in model.named_parameters():
+                writer.add_histogram(name, param.detach().cpu(), frames)
+            writer.flush()
+        if not args.save_max or reward_sum >= best:
+            save_atomic(cpu_state_dict(model), save_path)
+        best = max(best, reward_sum)
+        reward_sum, length = 0.0, 0
+
+        if ctx.stop_event.wait(args.test_interval):
+            break
+        model.load_state_dict(shared_model.state_dict())
+        agent.reset()
+    if writer is not None:
+        writer.close()
+    env.close()
+
+
+def test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessContext) -> None:
+    """Process entry point of the evaluation process (see `run_test`)."""
+    with child_process("Test Agent", ctx):
+        run_test(args, shared_model, ctx)

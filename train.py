@@ -1,1 +1,172 @@
-"""Training worker (Hogwild A3C-LSTM); arrives with the training-system issue."""
+"""The training worker: n-step rollouts on its own model copy, Hogwild updates of the shared one."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from environment import make_env
+from model import build_model
+from player_util import Agent
+from shared_optim import SharedAdam, SharedRMSprop
+from utils import ProcessContext, child_process, ensure_shared_grads, read_config, worker_device
+
+
+@dataclass
+class LossTerms:
+    """One rollout's loss and its parts; the parts are detached, for logging."""
+
+    total: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+
+
+def a3c_loss(
+    values: list[torch.Tensor],
+    log_probs: list[torch.Tensor],
+    rewards: list[float],
+    entropies: list[torch.Tensor],
+    bootstrap: torch.Tensor,
+    args: argparse.Namespace,
+) -> LossTerms:
+    """The A3C loss of one rollout, computed backwards from its last step.
+
+    For step i, last to first: ``R = gamma * R + r_i``; the value loss adds
+    ``0.5 * (R - V_i)**2``; the GAE term is ``gae = gae * gamma * tau + delta_i`` with
+    ``delta_i = r_i + gamma * V_{i+1} - V_i`` (values detached); the policy loss subtracts
+    ``log_prob_i * gae + entropy_coef * entropy_i``. Total:
+    ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original).
+
+    Args:
+        values: V(s_i) per step, each (1, 1), with grad.
+        log_probs: log pi(a_i | s_i) per step, each (1, 1), with grad.
+        rewards: (clipped) rewards per step.
+        entropies: policy entropy per step, each (1,), with grad.
+        bootstrap: detached V of the state after the last step, 0 if the rollout ended
+            an episode; shape (1, 1).
+        args: needs ``gamma``, ``tau``, ``entropy_coef``, ``value_coef``.
+    """
+    gamma, tau = args.gamma, args.tau
+    ret = bootstrap.detach()  # R, the n-step return
+    next_value = ret
+    gae = torch.zeros_like(ret)
+    policy_loss = torch.zeros_like(ret)
+    value_loss = torch.zeros_like(ret)
+    for i in reversed(range(len(rewards))):
+        ret = gamma * ret + rewards[i]
+        advantage = ret - values[i]
+        value_loss = value_loss + 0.5 * advantage.pow(2)
+        delta = rewards[i] + gamma * next_value - values[i].detach()
+        gae = gae * gamma * tau + delta
+        policy_loss = policy_loss - log_probs[i] * gae - args.entropy_coef * entropies[i]
+        next_value = values[i].detach()
+    total = (policy_loss + args.value_coef * value_loss).sum()
+    return LossTerms(
+        total=total,
+        policy_loss=policy_loss.detach().sum(),
+        value_loss=value_loss.detach().sum(),
+        entropy=torch.cat(entropies).detach().mean(),
+    )
+
+
+def step_size_for(rank: int, args: argparse.Namespace) -> int:
+    """The worker's n-step: ``--distributed-step-size`` dealt round-robin, else ``--num-steps``."""
+    sizes = args.distributed_step_size
+    return sizes[rank % len(sizes)] if sizes else args.num_steps
+
+
+def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
+    """Copy the shared weights into the worker's model (across devices if need be)."""
+    model.load_state_dict(shared_model.state_dict())
+
+
+def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad``)."""
+    if args.optimizer == "RMSprop":
+        return SharedRMSprop(params, lr=args.lr)
+    return SharedAdam(params, lr=args.lr, amsgrad=args.amsgrad)
+
+
+def run_worker(
+    rank: int,
+    args: argparse.Namespace,
+    shared_model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    ctx: ProcessContext,
+    losses: list[float] | None = None,
+) -> None:
+    """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
+
+    Each rollout: copy the shared weights, play up to n steps (stopping at the end of an
+    episode), compute the loss, backpropagate on the own copy, hand the gradients to the
+    shared model and step the optimizer on it, without a lock.
+
+    Args:
+        rank: worker index; seeds with ``seed + rank`` and picks the GPU round-robin.
+        args: the run's configuration.
+        shared_model: the shared-memory CPU model.
+        optimizer: the shared optimizer, or None for one of the worker's own (statistics
+            not shared) over the shared parameters.
+        ctx: the stop event and step counter shared with the launcher.
+        losses: if given, each update's total loss is appended (for tests).
+    """
+    device = worker_device(args.gpu_ids[rank % len(args.gpu_ids)])
+    seed = args.seed + rank
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    env = make_env(args.env, read_config(args.env_config), args)
+    env.action_space.seed(seed)
+    if optimizer is None:
+        optimizer = make_optimizer(shared_model.parameters(), args)
+    model = build_model(env.observation_space, env.action_space, args).to(device)
+    model.train()
+    agent = Agent(model, env, device)
+    agent.reset(seed=seed)
+    num_steps = step_size_for(rank, args)
+    on_gpu = device.type == "cuda"
+
+    while not ctx.should_stop():
+        sync_weights(model, shared_model)
+        if agent.done:
+            agent.reset()
+        else:
+            agent.detach_lstm()
+        for _ in range(num_steps):
+            agent.action_train()
+            if agent.done:
+                break
+        steps = len(agent.rewards)
+        terms = a3c_loss(
+            agent.values,
+            agent.log_probs,
+            agent.rewards,
+            agent.entropies,
+            agent.bootstrap_value(),
+            args,
+        )
+        model.zero_grad(set_to_none=True)
+        terms.total.backward()
+        ensure_shared_grads(model, shared_model, gpu=on_gpu)
+        optimizer.step()
+        agent.clear_actions()
+        ctx.add_steps(steps)
+        if losses is not None:
+            losses.append(float(terms.total.item()))
+    env.close()
+
+
+def train(
+    rank: int,
+    args: argparse.Namespace,
+    shared_model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    ctx: ProcessContext,
+) -> None:
+    """Process entry point of training worker `rank` (see `run_worker`)."""
+    with child_process(f"Train Agent: {rank}", ctx):
+        run_worker(rank, args, shared_model, optimizer, ctx)

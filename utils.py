@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import pickle
+import re
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -189,3 +200,185 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
             if shared_param.grad is None or shared_param.grad.shape != grad.shape:
                 shared_param.grad = torch.empty_like(shared_param)
             shared_param.grad.copy_(grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def env_file_stem(env_id: str) -> str:
+    """A file-name-safe form of an env id (``ALE/Pong-v5`` -> ``ALE_Pong-v5``)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", env_id).lstrip(".")
+    if not stem:
+        raise UsageError(f"env id {env_id!r} gives no usable file name; use a registered id")
+    return stem
+
+
+def checkpoint_path(folder: str | Path, env_id: str, suffix: str = ".dat") -> Path:
+    """``<folder>/<env>.dat`` with the env id made safe for a file name."""
+    return Path(folder) / f"{env_file_stem(env_id)}{suffix}"
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """``torch.save`` `obj` to `path` through a temporary file and a rename.
+
+    A reader (or a crash) never sees a half-written file: the old file stays until the new
+    one is complete on disk.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a ``.dat`` state_dict (ours or the original A3G's) into `model`.
+
+    Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
+
+    Raises:
+        UsageError: the file is missing, unreadable, not a state_dict, or saved for another
+            game (action count) or another ``--hidden-size``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(
+            f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
+            f"the folder holding {path.name}"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UsageError(
+            f"checkpoint {str(path)!r} holds pickled objects, not just tensors; refusing to "
+            "load it (it could run code): use a plain state_dict .dat"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise UsageError(
+            f"checkpoint {str(path)!r} is truncated or not a PyTorch file ({err}); "
+            "use an intact .dat"
+        ) from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise UsageError(f"checkpoint {str(path)!r} is not a state_dict of tensors")
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise UsageError(
+            f"checkpoint {str(path)!r} is for another network: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    saved_hidden, own_hidden = state["lstm.weight_hh"].shape[1], own["lstm.weight_hh"].shape[1]
+    if saved_hidden != own_hidden:
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved with --hidden-size {saved_hidden}; this run "
+            f"uses {own_hidden}: pass --hidden-size {saved_hidden}"
+        )
+    saved_actions, own_actions = (
+        state["actor_linear.bias"].shape[0],
+        own["actor_linear.bias"].shape[0],
+    )
+    if saved_actions != own_actions:
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved for a game with {saved_actions} actions; this "
+            f"env has {own_actions}: load the .dat of the same game"
+        )
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise UsageError(
+                f"checkpoint {str(path)!r}: {key} has shape {tuple(value.shape)}, the model "
+                f"expects {tuple(own[key].shape)}: it was saved for another env or network"
+            )
+    model.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProcessContext:
+    """What the launcher shares with every child: stop signal, step counter, error channel.
+
+    Attributes:
+        stop_event: set by the launcher when the run must end.
+        steps: total agent steps of all workers (a shared ``multiprocessing.Value``).
+        errors: children put ``(title, one-line cause, traceback)`` here before dying.
+        max_steps: stop once `steps` reaches it (0 = no limit).
+    """
+
+    stop_event: Any
+    steps: Any
+    errors: Any
+    max_steps: int = 0
+
+    @classmethod
+    def create(cls, mp_context: Any, max_steps: int = 0) -> ProcessContext:
+        """Make the shared objects from a multiprocessing context."""
+        return cls(mp_context.Event(), mp_context.Value("q", 0), mp_context.Queue(), max_steps)
+
+    def total_steps(self) -> int:
+        """Agent steps taken by all workers so far."""
+        return int(self.steps.value)
+
+    def add_steps(self, n: int) -> None:
+        """Count `n` more agent steps (once per rollout, so the lock is cheap)."""
+        with self.steps.get_lock():
+            self.steps.value += n
+
+    def budget_reached(self) -> bool:
+        """``--max-steps`` is set and reached."""
+        return self.max_steps > 0 and self.total_steps() >= self.max_steps
+
+    def should_stop(self) -> bool:
+        """The launcher asked to stop, or the step budget is spent."""
+        return self.stop_event.is_set() or self.budget_reached()
+
+
+@contextlib.contextmanager
+def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
+    """Set up a spawned child and turn its failure into a report for the launcher.
+
+    One thread per process (with several processes per core, more threads only fight),
+    SIGINT ignored (the launcher drives shutdown, so Ctrl-C prints no tracebacks from
+    children), the process title set. An exception is sent to the launcher as one line plus
+    its traceback, and the process exits with code 1.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # a nicety only: titles show in ps/top
+        pass
+    try:
+        yield
+    except Exception as err:  # reported, then the process exits non-zero
+        ctx.errors.put((title, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        ctx.errors.close()
+        ctx.errors.join_thread()
+        sys.exit(1)
+
+
+def worker_device(gpu_id: int) -> torch.device:
+    """The device for `gpu_id` (-1 = CPU), made current before any other CUDA call.
+
+    Setting the device first keeps a process from creating a CUDA context (and holding
+    memory) on GPU 0 when it works on another GPU.
+    """
+    if gpu_id < 0:
+        return torch.device("cpu")
+    torch.cuda.set_device(gpu_id)
+    return torch.device("cuda", gpu_id)
