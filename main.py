@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import queue
 import signal
 import sys
@@ -358,6 +359,12 @@ class Launcher:
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
         start = time.time()
+        cores = os.cpu_count() or 1
+        if self.args.workers > cores:
+            self.log.warning(
+                f"{self.args.workers} workers on {cores} CPU cores: they will share cores and "
+                f"each run slower; --workers {cores} is usually faster"
+            )
         try:
             self.start()
             self.log.info(
