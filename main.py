@@ -317,14 +317,13 @@ class Launcher:
 
     def _report_failure(self, name: str, proc: mp.process.BaseProcess) -> None:
         self.failed = True
-        causes = {}
+        causes, traces = {}, {}
         while True:
             try:
                 title, cause, trace = self.ctx.errors.get(timeout=0.5)
             except queue.Empty:
                 break
-            causes[title] = cause
-            self.log.debug(trace)
+            causes[title], traces[title] = cause, trace
         code = proc.exitcode
         how = (
             f"killed by {signal.Signals(-code).name}"
@@ -333,6 +332,8 @@ class Launcher:
         )
         cause = causes.get(name, "no error report (it died without raising)")
         self.stop_reason = f"{name} (pid {proc.pid}) died: {how}; {cause}"
+        if name in traces:
+            self.log.error(f"{name} traceback:\n{traces[name].rstrip()}")
         for other, other_cause in causes.items():
             if other != name:
                 self.log.error(f"{other} also failed: {other_cause}")
@@ -358,7 +359,6 @@ class Launcher:
         handlers = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
-        start = time.time()
         cores = os.cpu_count() or 1
         if self.args.workers > cores:
             self.log.warning(
@@ -379,7 +379,7 @@ class Launcher:
         steps = self.ctx.total_steps()
         message = (
             f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
-            f"{format_elapsed(time.time() - start)}; model saved to {self.final_path}"
+            f"{format_elapsed(time.time() - self.ctx.start_time)}; model saved to {self.final_path}"
         )
         if self.failed:
             self.log.error(message)

@@ -72,7 +72,6 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
 
     frames_per = frames_per_step(args.env, args)
     save_path = checkpoint_path(args.save_model_dir, args.env)
-    start = time.time()
     games, reward_total, best = 0, 0.0, -math.inf
     reward_sum, length = 0.0, 0
     while not ctx.stop_event.is_set():
@@ -88,7 +87,7 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
         games += 1
         reward_total += reward_sum
         steps = ctx.total_steps()
-        elapsed = time.time() - start
+        elapsed = time.time() - ctx.start_time
         log.info(
             f"Time {format_elapsed(elapsed)}, episode reward {reward_sum}, "
             f"episode length {length}, reward mean {reward_total / games:.4f}, "

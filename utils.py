@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -316,17 +317,25 @@ class ProcessContext:
         steps: total agent steps of all workers (a shared ``multiprocessing.Value``).
         errors: children put ``(title, one-line cause, traceback)`` here before dying.
         max_steps: stop once `steps` reaches it (0 = no limit).
+        start_time: when the run started (``time.time()``), for elapsed time and frames/s.
     """
 
     stop_event: Any
     steps: Any
     errors: Any
     max_steps: int = 0
+    start_time: float = 0.0
 
     @classmethod
     def create(cls, mp_context: Any, max_steps: int = 0) -> ProcessContext:
-        """Make the shared objects from a multiprocessing context."""
-        return cls(mp_context.Event(), mp_context.Value("q", 0), mp_context.Queue(), max_steps)
+        """Make the shared objects from a multiprocessing context; the clock starts now."""
+        return cls(
+            mp_context.Event(),
+            mp_context.Value("q", 0),
+            mp_context.Queue(),
+            max_steps,
+            time.time(),
+        )
 
     def total_steps(self) -> int:
         """Agent steps taken by all workers so far."""

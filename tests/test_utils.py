@@ -8,16 +8,21 @@ import re
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch import nn
 
 from shared_optim import SharedAdam
 from tests.conftest import ROOT, requires_cuda
 from utils import (
+    ProcessContext,
     UsageError,
+    child_process,
     ensure_shared_grads,
     env_config,
+    env_file_stem,
     norm_col_init,
     read_config,
+    save_atomic,
     setup_logger,
 )
 
@@ -167,3 +172,61 @@ def test_logger_leaves_the_root_logger_alone(tmp_path):
     log = setup_logger("a3g.root_check", tmp_path / "x_log")
     assert logging.getLogger().handlers == before
     assert not log.propagate  # lines are not printed twice through the root logger
+
+
+# -- child processes ---------------------------------------------------------------------------
+
+
+def _failing_child(ctx: ProcessContext) -> None:
+    with child_process("Train Agent: 7", ctx):
+        raise RuntimeError("disk on fire")
+
+
+def test_child_failure_reaches_the_launcher_as_one_line_and_exit_1():
+    spawn = mp.get_context("spawn")
+    ctx = ProcessContext.create(spawn)
+    proc = spawn.Process(target=_failing_child, args=(ctx,))
+    proc.start()
+    title, cause, trace = ctx.errors.get(timeout=60)
+    proc.join(30)
+    assert proc.exitcode == 1
+    assert title == "Train Agent: 7" and cause == "RuntimeError: disk on fire"
+    assert "Traceback" in trace and "_failing_child" in trace
+
+
+def test_step_counter_and_budget():
+    ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=30)
+    assert not ctx.should_stop()
+    ctx.add_steps(20)
+    assert ctx.total_steps() == 20 and not ctx.budget_reached()
+    ctx.add_steps(10)
+    assert ctx.budget_reached() and ctx.should_stop()
+    unlimited = ProcessContext.create(mp.get_context("spawn"))
+    unlimited.add_steps(10**9)
+    assert not unlimited.should_stop()
+    unlimited.stop_event.set()
+    assert unlimited.should_stop()
+
+
+def test_save_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "Pong.dat"
+    save_atomic({"w": torch.ones(2)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("cannot pickle this")
+
+    with pytest.raises(TypeError):
+        save_atomic({"w": Unpicklable()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["Pong.dat"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("env_id", "stem"),
+    [("PongNoFrameskip-v4", "PongNoFrameskip-v4"), ("ALE/Pong-v5", "ALE_Pong-v5"),
+     ("../../etc/passwd", "_.._etc_passwd")],
+)  # fmt: skip
+def test_env_ids_become_safe_file_names(env_id, stem):
+    assert env_file_stem(env_id) == stem
+    assert "/" not in env_file_stem(env_id)
