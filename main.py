@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the test process waits between evaluation games",
     )
     p.add_argument(
+        "--reward-scale",
+        type=float,
+        default=1.0,
+        help="multiply the clipped training rewards by this; below 1 keeps values small "
+        "on dense-reward envs (CartPole: 0.1)",
+    )
+    p.add_argument(
         "--vector-obs-norm",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -169,6 +176,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag, value in (("--entropy-coef", args.entropy_coef), ("--value-coef", args.value_coef)):
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} must be a non-negative number, got {value}")
+    if not (math.isfinite(args.reward_scale) and args.reward_scale > 0):
+        raise UsageError(f"--reward-scale must be a positive number, got {args.reward_scale}")
     if -1 in args.gpu_ids and len(args.gpu_ids) > 1:
         raise UsageError(
             f"--gpu-ids mixes -1 (CPU) with GPU ids {args.gpu_ids}; give only GPU ids, or -1"

@@ -24,7 +24,8 @@ class Agent:
         hx, cx: LSTM state, shape (1, hidden_size).
         done: the last step ended the episode (a lost life counts in Atari training).
         info: the info dict of the last step.
-        reward: the last step's reward, clipped to [-1, 1] when ``clip_rewards``.
+        reward: the last step's training reward: clipped to [-1, 1] when ``clip_rewards``,
+            then times ``reward_scale``.
         raw_reward: the last step's reward as the game gave it.
         eps_len: steps since the episode (life) began.
         values, log_probs, rewards, entropies: the rollout since `clear_actions`.
@@ -36,12 +37,22 @@ class Agent:
         env: gym.Env,
         device: torch.device | str = "cpu",
         clip_rewards: bool = True,
+        reward_scale: float = 1.0,
     ):
-        """Create an agent; call `reset` before acting."""
+        """Create an agent; call `reset` before acting.
+
+        Args:
+            model: the network.
+            env: the environment.
+            device: where the model lives.
+            clip_rewards: clip training rewards to [-1, 1] (the original's rule).
+            reward_scale: multiply the (clipped) training rewards by this.
+        """
         self.model = model
         self.env = env
         self.device = torch.device(device)
         self.clip_rewards = clip_rewards
+        self.reward_scale = reward_scale
         self.state = torch.zeros(0)
         self.hx, self.cx = model.initial_state(1, self.device)
         self.done = True
@@ -88,7 +99,8 @@ class Agent:
         self.state = self._to_state(obs)
         self.done = bool(terminated or truncated)
         self.raw_reward = float(reward)
-        self.reward = max(min(self.raw_reward, 1.0), -1.0) if self.clip_rewards else self.raw_reward
+        reward = max(min(self.raw_reward, 1.0), -1.0) if self.clip_rewards else self.raw_reward
+        self.reward = reward * self.reward_scale
         self.eps_len += 1
 
     def action_train(self) -> Agent:

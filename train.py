@@ -125,7 +125,7 @@ def run_worker(
         optimizer = make_optimizer(shared_model.parameters(), args)
     model = build_model(env.observation_space, env.action_space, args).to(device)
     model.train()
-    agent = Agent(model, env, device)
+    agent = Agent(model, env, device, reward_scale=args.reward_scale)
     agent.reset(seed=seed)
     num_steps = step_size_for(rank, args)
     on_gpu = device.type == "cuda"

@@ -262,7 +262,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path):
         "--max-steps", "250000",
         "--hidden-size", "64",
         "--lr", "0.001",
-        "--gamma", "0.9",
+        "--reward-scale", "0.1",
         "--test-interval", "0.5",
         "--save-max",
         *folders(tmp_path),

@@ -66,6 +66,15 @@ def test_reward_clipping_can_be_turned_off():
     assert agent.rewards == [5.0, -3.0]
 
 
+def test_reward_scale_multiplies_the_clipped_reward():
+    agent = make_agent(ScriptedEnv([5.0, -3.0, 0.5]), reward_scale=0.1)
+    agent.reset()
+    for _ in range(3):
+        agent.action_train()
+    assert agent.rewards == pytest.approx([0.1, -0.1, 0.05])
+    assert agent.raw_reward == 0.5
+
+
 def test_action_test_is_greedy():
     env = ScriptedEnv([0.0] * 6)
     agent = make_agent(env)
