@@ -9,9 +9,11 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -27,8 +29,13 @@ from utils import (
     read_config,
     setup_logger,
 )
+from visualize import write_gif
 
 VIDEO_FPS = 30
+DEMO_FPS = 15
+"""One frame per agent step: with 4-frame skip, real time."""
+DEMO_MAX_FRAMES = 1500
+"""Caps a demo GIF at a few MB (100 s of play)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--video-dir", default=None, help="where --new-gym-eval writes (default <log-dir>videos/)"
     )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="write the first game as <demo-dir><env>.gif and .mp4",
+    )
+    p.add_argument("--demo-dir", default="demo/", help="where --demo writes")
     p.add_argument(
         "--vector-obs-norm",
         action=argparse.BooleanOptionalAction,
@@ -123,14 +136,20 @@ class VideoRecorder:
 
 
 def play_game(
-    agent: Agent, recorder: VideoRecorder | None, seed: int | None = None
+    agent: Agent,
+    on_frame: Callable[[np.ndarray], None] | None = None,
+    seed: int | None = None,
 ) -> tuple[float, int]:
-    """One full greedy game (lost lives continue it); returns (reward, agent steps)."""
+    """One full greedy game (lost lives continue it); returns (reward, agent steps).
+
+    `on_frame` gets the rendered screen before every action (the env must render
+    ``rgb_array``).
+    """
     agent.reset(seed=seed)
     reward, length = 0.0, 0
     while True:
-        if recorder is not None:
-            recorder.add(agent.env.render())
+        if on_frame is not None:
+            on_frame(agent.env.render())
         agent.action_test()
         reward += agent.raw_reward
         length += 1
@@ -138,6 +157,33 @@ def play_game(
             return reward, length
         if agent.done:
             agent.reset()
+
+
+def write_demo(frames: list[np.ndarray], folder: Path, stem: str, log: logging.Logger) -> None:
+    """``<folder><stem>.gif`` and ``.mp4`` of one game."""
+    gif = write_gif(frames, folder / f"{stem}.gif", fps=DEMO_FPS)
+    video = VideoRecorder(folder / f"{stem}.mp4", fps=DEMO_FPS)
+    for frame in frames:
+        video.add(frame)
+    video.close()
+    log.info(f"demo: {gif} and {video.path} ({len(frames)} frames)")
+
+
+def training_record(args: argparse.Namespace) -> dict | None:
+    """What the run record beside the log says about how the model was trained, if present."""
+    path = Path(args.log_dir) / f"{env_file_stem(args.env)}_run.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    finished = record.get("finished") or {}
+    return {
+        "frames": finished.get("frames"),
+        "seconds": finished.get("seconds"),
+        "hardware": record.get("hardware"),
+        "command": record.get("command"),
+        "record": str(path),
+    }
 
 
 def evaluate(args: argparse.Namespace) -> dict:
@@ -151,7 +197,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
-    render_mode = "rgb_array" if args.new_gym_eval else None
+    render_mode = "rgb_array" if args.new_gym_eval or args.demo else None
     env = make_env(args.env, config, args, render_mode=render_mode)
     shown = make_env(args.env, config, args, render_mode="human") if args.render else None
     model = build_model(env.observation_space, env.action_space, args)
@@ -169,11 +215,26 @@ def evaluate(args: argparse.Namespace) -> dict:
         recorder = None
         if args.new_gym_eval:
             recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
+        demo_frames: list[np.ndarray] = []
+        keep_demo = args.demo and game == 1
+
+        def on_frame(
+            frame: np.ndarray, recorder=recorder, demo_frames=demo_frames, keep_demo=keep_demo
+        ) -> None:
+            if recorder is not None:
+                recorder.add(frame)
+            if keep_demo and len(demo_frames) < DEMO_MAX_FRAMES:
+                demo_frames.append(frame)
+
         try:
-            reward, length = play_game(agent, recorder, args.seed if game == 1 else None)
+            reward, length = play_game(
+                agent, on_frame if render_mode else None, args.seed if game == 1 else None
+            )
         finally:
             if recorder is not None:
                 recorder.close()
+        if demo_frames:
+            write_demo(demo_frames, Path(args.demo_dir), stem, log)
         rewards.append(reward)
         lengths.append(length)
         log.info(
@@ -192,6 +253,8 @@ def evaluate(args: argparse.Namespace) -> dict:
         "rewards": rewards,
         "lengths": lengths,
         "seed": args.seed,
+        "command": " ".join(["python", *sys.argv]),
+        "training": training_record(args),
         "seconds": round(time.time() - start, 3),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -217,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         evaluate(args)
     except UsageError as err:
         print(f"gym_eval.py: error: {err}", file=sys.stderr)
+        return 2
+    except gym.error.DependencyNotInstalled as err:
+        print(
+            f"gym_eval.py: error: drawing {args.env} needs a package that is not installed "
+            f"({err}); install it, or drop --demo/--new-gym-eval/--render",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from environment import make_env
+from environment import frames_per_step, make_env
 from model import build_model
-from test import cpu_state_dict, format_elapsed, test
+from test import cpu_state_dict, format_elapsed, log_file, test
 from train import make_optimizer, train
 from utils import (
     ProcessContext,
+    RunMonitor,
     UsageError,
     checkpoint_path,
     env_file_stem,
@@ -29,6 +30,7 @@ from utils import (
     read_config,
     save_atomic,
 )
+from visualize import plot_curve
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
 
@@ -130,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the test process waits between evaluation games",
     )
     p.add_argument(
+        "--status-interval",
+        type=float,
+        default=20.0,
+        help="seconds between status lines and TensorBoard training scalars (0 = no lines)",
+    )
+    p.add_argument(
         "--reward-scale",
         type=float,
         default=1.0,
@@ -176,6 +184,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag, value in (("--entropy-coef", args.entropy_coef), ("--value-coef", args.value_coef)):
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} must be a non-negative number, got {value}")
+    if not (math.isfinite(args.status_interval) and args.status_interval >= 0):
+        raise UsageError(f"--status-interval must be 0 or more seconds, got {args.status_interval}")
     if not (math.isfinite(args.reward_scale) and args.reward_scale > 0):
         raise UsageError(f"--reward-scale must be a positive number, got {args.reward_scale}")
     if -1 in args.gpu_ids and len(args.gpu_ids) > 1:
@@ -277,6 +287,15 @@ class Launcher:
         self.ctx = ProcessContext.create(self.mp, args.max_steps)
         self.processes: dict[str, mp.process.BaseProcess] = {}
         self._signals = 0
+        self.monitor = RunMonitor(
+            args,
+            self.shared_model,
+            self.observation_space.shape,
+            frames_per_step(args.env, args),
+            self.ctx,
+            self.log,
+            checkpoint_path(args.log_dir, args.env, "_run.json"),
+        )
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -322,6 +341,7 @@ class Launcher:
                 return
             if self.ctx.budget_reached() and not self.stop_reason:
                 self.stop_reason = f"--max-steps {self.args.max_steps} reached"
+            self.monitor.tick()
             time.sleep(self.POLL_SECONDS)
 
     def _report_failure(self, name: str, proc: mp.process.BaseProcess) -> None:
@@ -363,6 +383,18 @@ class Launcher:
                 proc.join()
         save_atomic(cpu_state_dict(self.shared_model), self.final_path)
 
+    def write_curve(self) -> None:
+        """The training curve PNG beside the log, when the run had test games."""
+        if not self.monitor.rewards:
+            return
+        out = checkpoint_path(self.args.log_dir, self.args.env, "_curve.png")
+        try:
+            plot_curve(log_file(self.args), out)
+        except (UsageError, OSError) as err:
+            self.log.warning(f"no training curve: {err}")
+        else:
+            self.log.info(f"training curve in {out}")
+
     def run(self) -> int:
         """Start, supervise, shut down; returns the exit code (0, or 1 if a child failed)."""
         handlers = {
@@ -385,6 +417,9 @@ class Launcher:
             self.shutdown()
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+        exit_code = 1 if self.failed else 0
+        self.monitor.close(self.stop_reason or "done", exit_code)
+        self.write_curve()
         steps = self.ctx.total_steps()
         message = (
             f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
@@ -392,9 +427,9 @@ class Launcher:
         )
         if self.failed:
             self.log.error(message)
-            return 1
-        self.log.info(message)
-        return 0
+        else:
+            self.log.info(message)
+        return exit_code
 
 
 def describe_devices(gpu_ids: list[int]) -> str:
@@ -405,6 +440,7 @@ def describe_devices(gpu_ids: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the process exit code (0 ok, 1 a process failed, 2 bad input)."""
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
         args = parse_args(argv)
         launcher = Launcher(args)

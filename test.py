@@ -44,10 +44,11 @@ def log_file(args: argparse.Namespace) -> Path:
 def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessContext) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
-    After each real game over: log the game (the original's line plus total steps and
-    frames/s), write TensorBoard scalars and histograms, save ``<save-model-dir><env>.dat``
-    (every game, or only on a new best with ``--save-max``), then wait ``--test-interval``
-    seconds and reload the weights. A lost life continues the same game.
+    After each real game over: log the game (the original's line plus total steps, frames and
+    frames/s), report it to the launcher (which writes TensorBoard), save
+    ``<save-model-dir><env>.dat`` (every game, or only on a new best with ``--save-max``),
+    then wait ``--test-interval`` seconds and reload the weights. A lost life continues the
+    same game.
     """
     device = worker_device(args.gpu_ids[-1])
     log = setup_logger(f"a3g.test.{args.env}", log_file(args))
@@ -61,14 +62,6 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
     agent = Agent(model, env, device, clip_rewards=False)
     model.load_state_dict(shared_model.state_dict())
     agent.reset(seed=args.seed)
-
-    writer = None
-    if args.tensorboard_logger:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(log_dir=args.tensorboard_dir)
-        writer.add_graph(model, (agent.state.unsqueeze(0), agent.hx, agent.cx))
-        writer.flush()
 
     frames_per = frames_per_step(args.env, args)
     save_path = checkpoint_path(args.save_model_dir, args.env)
@@ -88,18 +81,16 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
         reward_total += reward_sum
         steps = ctx.total_steps()
         elapsed = time.time() - ctx.start_time
+        frames = steps * frames_per
         log.info(
             f"Time {format_elapsed(elapsed)}, episode reward {reward_sum}, "
             f"episode length {length}, reward mean {reward_total / games:.4f}, "
-            f"total steps {steps}, frames/s {steps * frames_per / max(elapsed, 1e-9):.0f}"
+            f"total steps {steps}, total frames {frames}, "
+            f"frames/s {frames / max(elapsed, 1e-9):.0f}"
         )
-        if writer is not None:
-            frames = steps * frames_per
-            writer.add_scalar("test/episode_reward", reward_sum, frames)
-            writer.add_scalar("test/episode_length", length, frames)
-            for name, param in model.named_parameters():
-                writer.add_histogram(name, param.detach().cpu(), frames)
-            writer.flush()
+        ctx.report(
+            "test", {"reward": reward_sum, "length": length, "steps": steps, "frames": frames}
+        )
         if not args.save_max or reward_sum >= best:
             save_atomic(cpu_state_dict(model), save_path)
         best = max(best, reward_sum)
@@ -109,8 +100,6 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
             break
         model.load_state_dict(shared_model.state_dict())
         agent.reset()
-    if writer is not None:
-        writer.close()
     env.close()
 
 

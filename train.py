@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,69 @@ def a3c_loss(
     )
 
 
+REPORT_SECONDS = 5.0
+"""How often a worker sends its averaged statistics to the launcher."""
+
+
+class TrainStats:
+    """One worker's update statistics between two reports.
+
+    Sums stay tensors (on the worker's device), so recording an update costs a few small ops
+    and no device synchronisation; `flush` turns them into floats once per report.
+    """
+
+    def __init__(self, model: nn.Module):
+        """Group the model's parameters by layer (``conv1``, ``lstm``, ...)."""
+        names = [name.split(".")[0] for name, _ in model.named_parameters()]
+        self.layers = list(dict.fromkeys(names))
+        device = next(model.parameters()).device
+        self.layer_index = torch.tensor([self.layers.index(n) for n in names], device=device)
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        zero = torch.zeros((), device=self.device)
+        self.updates = 0
+        self.policy_loss = zero.clone()
+        self.value_loss = zero.clone()
+        self.entropy = zero.clone()
+        self.grad_norm = zero.clone()
+        self.layer_norms = torch.zeros(len(self.layers), device=self.device)
+
+    @torch.no_grad()
+    def add(self, terms: LossTerms, model: nn.Module) -> None:
+        """Record one update (call after backward, while the gradients are on `model`)."""
+        squares = torch.stack(
+            [
+                p.grad.pow(2).sum() if p.grad is not None else torch.zeros((), device=self.device)
+                for p in model.parameters()
+            ]
+        )
+        per_layer = torch.zeros_like(self.layer_norms).index_add_(0, self.layer_index, squares)
+        self.updates += 1
+        self.policy_loss += terms.policy_loss
+        self.value_loss += terms.value_loss
+        self.entropy += terms.entropy
+        self.grad_norm += per_layer.sum().sqrt()
+        self.layer_norms += per_layer.sqrt()
+
+    def flush(self, rank: int) -> dict[str, float]:
+        """Averages since the last flush, as plain floats; then start again."""
+        n = max(self.updates, 1)
+        out = {
+            "rank": rank,
+            "updates": self.updates,
+            "policy_loss": self.policy_loss.item() / n,
+            "value_loss": self.value_loss.item() / n,
+            "entropy": self.entropy.item() / n,
+            "grad_norm": self.grad_norm.item() / n,
+        }
+        for layer, norm in zip(self.layers, self.layer_norms.tolist(), strict=True):
+            out[f"grad_norm/{layer}"] = norm / n
+        self._reset()
+        return out
+
+
 def step_size_for(rank: int, args: argparse.Namespace) -> int:
     """The worker's n-step: ``--distributed-step-size`` dealt round-robin, else ``--num-steps``."""
     sizes = args.distributed_step_size
@@ -129,6 +193,8 @@ def run_worker(
     agent.reset(seed=seed)
     num_steps = step_size_for(rank, args)
     on_gpu = device.type == "cuda"
+    stats = TrainStats(model)
+    next_report = time.monotonic() + REPORT_SECONDS
 
     while not ctx.should_stop():
         sync_weights(model, shared_model)
@@ -151,12 +217,18 @@ def run_worker(
         )
         model.zero_grad(set_to_none=True)
         terms.total.backward()
+        stats.add(terms, model)
         ensure_shared_grads(model, shared_model, gpu=on_gpu)
         optimizer.step()
         agent.clear_actions()
         ctx.add_steps(steps)
         if losses is not None:
             losses.append(float(terms.total.item()))
+        if time.monotonic() >= next_report:
+            ctx.report("train", stats.flush(rank))
+            next_report = time.monotonic() + REPORT_SECONDS
+    if stats.updates:
+        ctx.report("train", stats.flush(rank))
     env.close()
 
 

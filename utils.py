@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pickle
+import queue
 import re
 import signal
 import sys
@@ -316,6 +318,8 @@ class ProcessContext:
         stop_event: set by the launcher when the run must end.
         steps: total agent steps of all workers (a shared ``multiprocessing.Value``).
         errors: children put ``(title, one-line cause, traceback)`` here before dying.
+        reports: children put ``(kind, payload)`` summaries here for the launcher's monitor:
+            ``("train", dict)`` from workers every few seconds, ``("test", dict)`` per game.
         max_steps: stop once `steps` reaches it (0 = no limit).
         start_time: when the run started (``time.time()``), for elapsed time and frames/s.
     """
@@ -323,6 +327,7 @@ class ProcessContext:
     stop_event: Any
     steps: Any
     errors: Any
+    reports: Any
     max_steps: int = 0
     start_time: float = 0.0
 
@@ -333,9 +338,14 @@ class ProcessContext:
             mp_context.Event(),
             mp_context.Value("q", 0),
             mp_context.Queue(),
+            mp_context.Queue(),
             max_steps,
             time.time(),
         )
+
+    def report(self, kind: str, payload: dict[str, Any]) -> None:
+        """Send a summary to the launcher (never blocks: the queue is unbounded)."""
+        self.reports.put((kind, payload))
 
     def total_steps(self) -> int:
         """Agent steps taken by all workers so far."""
@@ -391,3 +401,216 @@ def worker_device(gpu_id: int) -> torch.device:
         return torch.device("cpu")
     torch.cuda.set_device(gpu_id)
     return torch.device("cuda", gpu_id)
+
+
+# ----------------------------------------------------------------------------------------------
+# Run monitoring: TensorBoard, the status line, the run record
+# ----------------------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries a result depends on."""
+    import platform
+
+    import cv2
+    import gymnasium
+    import numpy
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "numpy": numpy.__version__,
+        "opencv": cv2.__version__,
+    }
+    try:
+        import ale_py
+
+        out["ale_py"] = ale_py.__version__
+    except ImportError:
+        out["ale_py"] = "not installed"
+    return out
+
+
+def hardware(gpu_ids: list[int]) -> str:
+    """``"2 CPU cores"`` or ``"1x NVIDIA H100 + 16 CPU cores"``: what a run ran on."""
+    cores = f"{os.cpu_count()} CPU cores"
+    if gpu_ids == [-1] or not torch.cuda.is_available():
+        return cores
+    names = [torch.cuda.get_device_name(i) for i in sorted(set(gpu_ids))]
+    grouped = {name: names.count(name) for name in names}
+    return " + ".join([f"{n}x {name}" for name, n in grouped.items()] + [cores])
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, if this is a git checkout."""
+    import subprocess
+
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def write_json_atomic(obj: Any, path: str | Path) -> None:
+    """Write `obj` as indented JSON through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class RunMonitor:
+    """The launcher's view of a run: TensorBoard, the terminal status line, the run record.
+
+    Workers and the test process send small summaries through `ProcessContext.reports`;
+    this one place averages them and writes, so no worker ever waits on a disk.
+    """
+
+    def __init__(
+        self,
+        args: Any,
+        model: nn.Module,
+        observation_shape: tuple[int, ...],
+        frames_per_step: int,
+        ctx: ProcessContext,
+        log: logging.Logger,
+        record_path: Path,
+    ):
+        """Open the TensorBoard run (with the model graph) and write the run record."""
+        self.args = args
+        self.model = model
+        self.frames_per_step = frames_per_step
+        self.ctx = ctx
+        self.log = log
+        self.record_path = record_path
+        self.interval = args.status_interval
+        self.rewards: list[float] = []
+        self.best = -math.inf
+        self.train_window: list[dict[str, float]] = []
+        self.last_tick = time.time()
+        self.last_steps = 0
+        self.fps = 0.0
+        self.writer = None
+        if args.tensorboard_logger:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=args.tensorboard_dir)
+            hx, cx = model.initial_state(1)
+            dummy = torch.zeros(1, *observation_shape)
+            self.writer.add_graph(model, (dummy, hx, cx))
+        self.record = {
+            "env": args.env,
+            "command": " ".join(["python", *sys.argv]),
+            "config": vars(args),
+            "versions": versions(),
+            "hardware": hardware(args.gpu_ids),
+            "git_commit": git_commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ctx.start_time)),
+        }
+        write_json_atomic(self.record, record_path)
+
+    @property
+    def frames(self) -> int:
+        """Raw frames played by all workers so far."""
+        return self.ctx.total_steps() * self.frames_per_step
+
+    def drain(self) -> None:
+        """Take every pending report from the children."""
+        while True:
+            try:
+                kind, payload = self.ctx.reports.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "test":
+                self._test_game(payload)
+            elif kind == "train":
+                self.train_window.append(payload)
+
+    def _test_game(self, game: dict[str, float]) -> None:
+        self.rewards.append(game["reward"])
+        self.best = max(self.best, game["reward"])
+        if self.writer is not None:
+            frames = int(game["frames"])
+            self.writer.add_scalar("test/episode_reward", game["reward"], frames)
+            self.writer.add_scalar("test/episode_length", game["length"], frames)
+            self.writer.add_scalar("test/reward_mean_100", self.mean_100, frames)
+
+    @property
+    def mean_100(self) -> float:
+        """Mean test reward of the last 100 games (NaN before the first)."""
+        recent = self.rewards[-100:]
+        return sum(recent) / len(recent) if recent else math.nan
+
+    def tick(self, force: bool = False) -> None:
+        """Every ``--status-interval`` seconds: training scalars, histograms, a status line."""
+        self.drain()
+        now = time.time()
+        if not force and now - self.last_tick < self.interval:
+            return
+        steps = self.ctx.total_steps()
+        frames_done = (steps - self.last_steps) * self.frames_per_step
+        self.fps = frames_done / max(now - self.last_tick, 1e-9)
+        self.last_tick, self.last_steps = now, steps
+        if self.writer is not None:
+            self._write_training(steps * self.frames_per_step)
+        self.train_window = []
+        if self.interval > 0:
+            self.log.info(self.status_line(now, steps))
+
+    def _write_training(self, frames: int) -> None:
+        assert self.writer is not None
+        self.writer.add_scalar("train/fps", self.fps, frames)
+        self.writer.add_scalar("train/lr", self.args.lr, frames)
+        if self.train_window:
+            updates = sum(r["updates"] for r in self.train_window) or 1
+            keys = [k for k in self.train_window[0] if k not in ("rank", "updates")]
+            for key in keys:
+                value = sum(r[key] * r["updates"] for r in self.train_window) / updates
+                self.writer.add_scalar(f"train/{key}", value, frames)
+        for name, param in self.model.named_parameters():
+            self.writer.add_histogram(name, param.detach(), frames)
+        self.writer.flush()
+
+    def status_line(self, now: float, steps: int) -> str:
+        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
+        elapsed = int(now - self.ctx.start_time)
+        clock = f"{elapsed // 3600:02d}h {elapsed % 3600 // 60:02d}m {elapsed % 60:02d}s"
+        if self.rewards:
+            test = (
+                f"test reward {self.rewards[-1]:g} (mean of last {min(len(self.rewards), 100)} "
+                f"{self.mean_100:.2f}, best {self.best:g}, {len(self.rewards)} games)"
+            )
+        else:
+            test = "no test game finished yet"
+        return (
+            f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
+            f"{self.fps:,.0f} frames/s | {test}"
+        )
+
+    def close(self, stop_reason: str, exit_code: int) -> None:
+        """Final scalars, close TensorBoard, complete the run record."""
+        self.tick(force=True)
+        if self.writer is not None:
+            self.writer.close()
+        elapsed = time.time() - self.ctx.start_time
+        self.record["finished"] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "seconds": round(elapsed, 1),
+            "steps": self.ctx.total_steps(),
+            "frames": self.frames,
+            "test_games": len(self.rewards),
+            "best_test_reward": None if not self.rewards else self.best,
+            "test_reward_mean_100": None if not self.rewards else self.mean_100,
+            "stop_reason": stop_reason,
+            "exit_code": exit_code,
+        }
+        write_json_atomic(self.record, self.record_path)

@@ -1,0 +1,198 @@
+"""Evidence: TensorBoard tags, the status line, the run record, curves, input views, GIFs, table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ROOT
+from visualize import moving_average, parse_log, results_table, write_gif
+
+TRAIN_TAGS = {
+    "train/fps", "train/lr", "train/policy_loss", "train/value_loss", "train/entropy",
+    "train/grad_norm", "train/grad_norm/lstm", "train/grad_norm/actor_linear",
+    "train/grad_norm/critic_linear", "train/grad_norm/fc1",
+}  # fmt: skip
+TEST_TAGS = {"test/episode_reward", "test/episode_length", "test/reward_mean_100"}
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A 30,000-step CartPole run with TensorBoard and frequent status lines."""
+    out = tmp_path_factory.mktemp("run")
+    result = subprocess.run(
+        [sys.executable, "main.py", "--env", "CartPole-v1", "--workers", "2",
+         "--max-steps", "30000", "--hidden-size", "32", "--lr", "0.001",
+         "--reward-scale", "0.1", "--test-interval", "0.2", "--status-interval", "1",
+         "--tensorboard-logger", "--save-model-dir", str(out), "--log-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out, result
+
+
+@pytest.mark.slow
+def test_tensorboard_has_every_tag_against_increasing_frames(short_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = short_run
+    runs = list((out / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("CartPole-v1_")
+    events = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags >= TRAIN_TAGS | TEST_TAGS, sorted(TRAIN_TAGS | TEST_TAGS - tags)
+    for tag in ("train/fps", "train/policy_loss", "test/episode_reward"):
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] > steps[0], tag
+    assert steps[-1] <= 30000 + 100  # x axis is frames (CartPole: one per step)
+    assert {"lstm.weight_ih", "actor_linear.weight"} <= set(events.Tags()["histograms"])
+    assert events.Tags()["graph"]
+
+
+@pytest.mark.slow
+def test_status_lines_come_at_a_steady_rhythm(short_run):
+    _, result = short_run
+    lines = [line for line in result.stderr.splitlines() if " : status " in line]
+    assert len(lines) >= 3
+    assert all("frames/s" in line and "steps" in line for line in lines)
+    assert "best" in lines[-1] and "games)" in lines[-1]
+
+
+@pytest.mark.slow
+def test_run_record_holds_configuration_versions_and_outcome(short_run):
+    out, _ = short_run
+    record = json.loads((out / "CartPole-v1_run.json").read_text())
+    assert record["config"]["workers"] == 2 and record["config"]["max_steps"] == 30000
+    assert {"torch", "gymnasium", "ale_py", "numpy", "python"} <= set(record["versions"])
+    assert "CPU cores" in record["hardware"]
+    assert "--max-steps 30000" in record["command"]
+    finished = record["finished"]
+    assert finished["steps"] >= 30000 and finished["exit_code"] == 0
+    assert finished["test_games"] > 0 and finished["frames"] == finished["steps"]
+
+
+@pytest.mark.slow
+def test_curve_png_is_written_at_the_end_and_on_demand(short_run, tmp_path):
+    out, _ = short_run
+    assert cv2.imread(str(out / "CartPole-v1_curve.png")) is not None
+    png = tmp_path / "curve.png"
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "curve", str(out / "CartPole-v1_log"), "--out", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    image = cv2.imread(str(png))
+    assert image is not None and image.shape == (450, 1200, 3)
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10  # not blank
+
+
+def test_curve_of_a_log_with_no_game_says_so(tmp_path):
+    log = tmp_path / "Pong_log"
+    log.write_text("2026-01-01 00:00:00,000 : workers: 2\n")
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "curve", str(log)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "no finished test game yet" in result.stderr
+
+
+def test_parse_log_reads_our_lines_and_the_originals(tmp_path):
+    log = tmp_path / "x_log"
+    log.write_text(
+        "2026-01-01 00:00:00,000 : workers: 2\n"
+        "2026-01-01 00:01:00,000 : Time 00h 00m 40s, episode reward -21.0, episode length 764, "
+        "reward mean -21.0000\n"
+        "2026-01-01 00:00:00,000 : workers: 4\n"
+        "2026-01-01 00:02:00,000 : Time 01h 02m 03s, episode reward 3.0, episode length 900, "
+        "reward mean 3.0000, total steps 1000, total frames 4000, frames/s 12\n"
+    )
+    games = parse_log(log)  # the last run only
+    assert len(games) == 1
+    assert games[0].seconds == 3723 and games[0].reward == 3.0 and games[0].frames == 4000
+    both = parse_log(log, all_runs=True)
+    assert [g.reward for g in both] == [-21.0, 3.0] and both[0].steps is None
+
+
+def test_moving_average_by_hand():
+    np.testing.assert_allclose(moving_average([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
+
+
+def test_input_view_has_the_expected_size(tmp_path):
+    png = tmp_path / "view.png"
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "view", "--env", "BreakoutNoFrameskip-v4",
+         "--steps", "10", "--out", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    image = cv2.imread(str(png))
+    assert image.shape == (450, 660, 3)
+    # The processed panel is gray: its three channels are equal.
+    panel = image[50:370, 340:660]
+    assert np.array_equal(panel[..., 0], panel[..., 1])
+
+
+def test_input_view_rejects_non_atari_ids(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "view", "--env", "CartPole-v1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "not an Atari game" in result.stderr
+
+
+def test_gif_writer_keeps_every_frame(tmp_path):
+    frames = [np.full((21, 16, 3), 10 * i, dtype=np.uint8) for i in range(12)]
+    path = write_gif(frames, tmp_path / "demo" / "x.gif", fps=15)
+    with Image.open(path) as gif:
+        assert gif.n_frames == 12 and gif.size == (16, 21)
+        assert gif.info["loop"] == 0
+
+
+@pytest.mark.slow
+def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
+    import gymnasium as gym
+    import torch
+
+    from model import A3Clstm
+    from tests.conftest import make_args
+
+    (tmp_path / "models").mkdir()
+    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32))
+    torch.save(model.state_dict(), tmp_path / "models" / "PongNoFrameskip-v4.dat")
+    result = subprocess.run(
+        [sys.executable, "gym_eval.py", "--num-episodes", "2", "--hidden-size", "32",
+         "--max-episode-length", "40", "--demo", "--demo-dir", str(tmp_path / "demo"),
+         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((tmp_path / "logs" / "PongNoFrameskip-v4_eval.json").read_text())
+    with Image.open(tmp_path / "demo" / "PongNoFrameskip-v4.gif") as gif:
+        # One frame per agent step of the first game (identical neighbours may be merged).
+        assert 0.8 * summary["lengths"][0] <= gif.n_frames <= summary["lengths"][0]
+        assert gif.size == (160, 210)
+    assert (tmp_path / "demo" / "PongNoFrameskip-v4.mp4").stat().st_size > 1000
+
+
+def test_results_table_from_eval_summaries(tmp_path):
+    summary = {
+        "env": "CartPole-v1", "mean": 500.0, "std": 0.0, "best": 500.0, "games": 100,
+        "training": {"frames": 250000, "seconds": 84.0, "hardware": "2 CPU cores",
+                     "command": "python main.py --env CartPole-v1"},
+    }  # fmt: skip
+    path = tmp_path / "CartPole-v1_eval.json"
+    path.write_text(json.dumps(summary))
+    table = results_table([path]).splitlines()
+    assert table[0].startswith("| game | frames trained | wall time | hardware |")
+    assert table[2] == (
+        "| CartPole-v1 | 250,000 | 1.4 min | 2 CPU cores | 500.00 ± 0.00 | 500 | 100 "
+        "| `python main.py --env CartPole-v1` |"
+    )

@@ -1,0 +1,319 @@
+"""Evidence you can look at: training curves, what the agent sees, GIFs, the results table.
+
+Commands::
+
+    python visualize.py curve logs/PongNoFrameskip-v4_log        # PNG of test reward
+    python visualize.py view --env BreakoutNoFrameskip-v4        # raw vs processed frame
+    python visualize.py table logs/*_eval.json                   # markdown results table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from utils import UsageError, env_config, env_file_stem, read_config
+
+LINE = re.compile(
+    r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
+    r"episode length (?P<length>\d+)(?:, reward mean [-\d.e+]+)?"
+    r"(?:, total steps (?P<steps>\d+))?(?:, total frames (?P<frames>\d+))?"
+)
+RUN_START = re.compile(r" : workers: \d+$")
+"""Every training run logs its arguments first; this one marks where a run begins."""
+
+
+@dataclass
+class TestGame:
+    """One test game read back from a training log."""
+
+    seconds: float
+    reward: float
+    length: int
+    steps: int | None
+    frames: int | None
+
+
+# ----------------------------------------------------------------------------------------------
+# Training curves
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
+    """The test games of the last run in a training log (or of every run).
+
+    Reads this project's logs and the original A3G's (which lack steps and frames).
+
+    Raises:
+        UsageError: the file does not exist.
+    """
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"log {str(path)!r} not found; pass a <log-dir><env>_log file") from None
+    games: list[TestGame] = []
+    for line in lines:
+        if RUN_START.search(line) and not all_runs:
+            games = []
+        match = LINE.search(line)
+        if match is None:
+            continue
+        g = match.groupdict()
+        games.append(
+            TestGame(
+                seconds=int(g["h"]) * 3600 + int(g["m"]) * 60 + int(g["s"]),
+                reward=float(g["reward"]),
+                length=int(g["length"]),
+                steps=int(g["steps"]) if g["steps"] else None,
+                frames=int(g["frames"]) if g["frames"] else None,
+            )
+        )
+    return games
+
+
+def moving_average(values: list[float], window: int) -> np.ndarray:
+    """Trailing mean over up to `window` points (shorter at the start)."""
+    data = np.asarray(values, dtype=np.float64)
+    sums = np.cumsum(np.insert(data, 0, 0.0))
+    idx = np.arange(1, len(data) + 1)
+    start = np.maximum(idx - window, 0)
+    return (sums[idx] - sums[start]) / (idx - start)
+
+
+def plot_curve(log_path: str | Path, out: str | Path, window: int = 20, title: str = "") -> Path:
+    """Write a PNG of test reward against frames and against wall time.
+
+    Raw points plus a `window`-game moving average, for a finished run or one still going.
+
+    Raises:
+        UsageError: the log holds no finished test game yet.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    games = parse_log(log_path)
+    if not games:
+        raise UsageError(f"log {str(log_path)!r} has no finished test game yet; try again later")
+    rewards = [g.reward for g in games]
+    average = moving_average(rewards, window)
+    if all(g.frames is not None for g in games):
+        x_frames, x_label = [g.frames for g in games], "frames"
+    elif all(g.steps is not None for g in games):
+        x_frames, x_label = [g.steps for g in games], "agent steps"
+    else:
+        x_frames, x_label = list(range(1, len(games) + 1)), "test game"
+    minutes = [g.seconds / 60 for g in games]
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    for ax, xs, label in ((axes[0], x_frames, x_label), (axes[1], minutes, "wall time (min)")):
+        ax.plot(xs, rewards, ".", alpha=0.35, color="tab:blue", label="test game")
+        ax.plot(xs, average, "-", color="tab:red", label=f"mean of last {window}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("test reward")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title or f"{Path(log_path).name}: {len(games)} test games")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# What the agent sees
+# ----------------------------------------------------------------------------------------------
+
+VIEW_RAW_SCALE = 2
+VIEW_PROCESSED_SCALE = 4
+VIEW_GAP = 20
+VIEW_CAPTION = 30
+
+
+def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int = 0) -> np.ndarray:
+    """A raw screen (crop rows outlined) beside the 80x80 frame the network gets, as RGB.
+
+    The raw screen is shown at 2x (420x320), the processed frame at 4x (320x320), both with
+    nearest-neighbour scaling so single pixels stay visible, over a caption row: the image is
+    450x660.
+
+    Args:
+        env_id: an Atari id.
+        config_path: the `config.json` whose entry for `env_id` sets the crop.
+        steps: random agent steps (4 raw frames each) before the snapshot, so the game is on.
+        seed: seed of the game and of the random actions.
+    """
+    import gymnasium as gym
+
+    from environment import ATARI_ENTRY_POINT, lookup_spec, process_frame
+
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        raise UsageError(f"{env_id!r} is not an Atari game; the input view is for screen images")
+    conf = env_config(read_config(config_path), env_id)
+    env = gym.make(env_id)
+    frame, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    for _ in range(steps * 4):
+        frame, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            frame, _ = env.reset()
+    env.close()
+
+    processed = process_frame(frame, conf)[0]
+    gray = np.clip(processed, 0, 255).astype(np.uint8)
+    big_processed = cv2.resize(
+        cv2.cvtColor(gray, cv2.COLOR_GRAY2RGB),
+        None,
+        fx=VIEW_PROCESSED_SCALE,
+        fy=VIEW_PROCESSED_SCALE,
+        interpolation=cv2.INTER_NEAREST,
+    )
+    raw = cv2.resize(
+        frame, None, fx=VIEW_RAW_SCALE, fy=VIEW_RAW_SCALE, interpolation=cv2.INTER_NEAREST
+    )
+    top = conf["crop1"] * VIEW_RAW_SCALE
+    bottom = min(conf["crop2"] + 160, frame.shape[0]) * VIEW_RAW_SCALE - 1
+    cv2.rectangle(raw, (0, top), (160 * VIEW_RAW_SCALE - 1, bottom), (255, 0, 0), 1)
+
+    height = max(raw.shape[0], big_processed.shape[0])
+    width = raw.shape[1] + VIEW_GAP + big_processed.shape[1]
+    canvas = np.full((height + VIEW_CAPTION, width, 3), 255, dtype=np.uint8)
+    canvas[: raw.shape[0], : raw.shape[1]] = raw
+    y0 = (height - big_processed.shape[0]) // 2
+    x0 = raw.shape[1] + VIEW_GAP
+    canvas[y0 : y0 + big_processed.shape[0], x0:] = big_processed
+    captions = (
+        (0, f"raw 210x160, rows {conf['crop1']}:{conf['crop2'] + 160} kept"),
+        (x0, "network input 80x80 (before normalising)"),
+    )
+    for x, text in captions:
+        cv2.putText(
+            canvas, text, (x + 4, height + 20), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (0, 0, 0), 1,
+            cv2.LINE_AA,
+        )  # fmt: skip
+    return canvas
+
+
+def write_png(image: np.ndarray, out: str | Path) -> Path:
+    """Save an RGB array as PNG."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(out), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
+        raise UsageError(f"cannot write {str(out)!r}; check the folder")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# GIFs
+# ----------------------------------------------------------------------------------------------
+
+
+def write_gif(frames: list[np.ndarray], out: str | Path, fps: int = 15) -> Path:
+    """Write RGB frames as a looping GIF (Pillow, which matplotlib already brings)."""
+    from PIL import Image
+
+    if not frames:
+        raise ValueError("expected at least one frame, got none")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(out, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Results table
+# ----------------------------------------------------------------------------------------------
+
+
+def results_table(paths: list[str | Path]) -> str:
+    """A markdown table from `gym_eval.py` JSON summaries, one row per file."""
+    rows = [
+        "| game | frames trained | wall time | hardware | mean ± std | best | games | command |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        try:
+            summary = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UsageError(f"cannot read eval summary {str(path)!r}: {err}") from None
+        training = summary.get("training") or {}
+        frames = training.get("frames")
+        seconds = training.get("seconds")
+        rows.append(
+            "| {env} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} | {best:g} | {games} "
+            "| `{cmd}` |".format(
+                env=summary["env"],
+                frames=f"{frames:,}" if frames is not None else "?",
+                wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
+                hw=training.get("hardware", "?"),
+                mean=summary["mean"],
+                std=summary["std"],
+                best=summary["best"],
+                games=summary["games"],
+                cmd=training.get("command", "?"),
+            )
+        )
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``curve``, ``view`` and ``table`` subcommands."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    curve = sub.add_parser("curve", help="PNG of test reward vs frames and wall time from a log")
+    curve.add_argument("log", help="a training log, <log-dir><env>_log (a run still going is ok)")
+    curve.add_argument("--out", help="PNG path (default: beside the log, <env>_curve.png)")
+    curve.add_argument("--window", type=int, default=20, help="moving-average window (games)")
+    view = sub.add_parser("view", help="PNG of a raw frame beside the processed 80x80 input")
+    view.add_argument("--env", "-ev", default="PongNoFrameskip-v4", help="Atari id")
+    view.add_argument("--env-config", "-evc", default="config.json", help="crop settings")
+    view.add_argument("--steps", type=int, default=60, help="random steps before the snapshot")
+    view.add_argument("--seed", type=int, default=0, help="game and action seed")
+    view.add_argument("--out", help="PNG path (default: demo/<env>_view.png)")
+    table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
+    table.add_argument("summaries", nargs="+", help="<log-dir><env>_eval.json files")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code (0 ok, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "curve":
+            if args.window < 1:
+                raise UsageError(f"--window must be at least 1, got {args.window}")
+            log = Path(args.log)
+            out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
+            print(plot_curve(log, out, args.window))
+        elif args.command == "view":
+            if args.steps < 0:
+                raise UsageError(f"--steps must be 0 or more, got {args.steps}")
+            out = args.out or f"demo/{env_file_stem(args.env)}_view.png"
+            print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
+        else:
+            print(results_table(args.summaries))
+    except UsageError as err:
+        print(f"visualize.py: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
