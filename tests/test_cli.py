@@ -263,6 +263,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path):
         "--hidden-size", "64",
         "--lr", "0.001",
         "--reward-scale", "0.1",
+        "--tau", "0.95",
         "--test-interval", "0.5",
         "--save-max",
         *folders(tmp_path),
