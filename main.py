@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         "on dense-reward envs (CartPole: 0.1)",
     )
     p.add_argument(
+        "--fast-path",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act without autograd and replay each rollout as one sequence (channels_last "
+        "convs, fused LSTM); --no-fast-path computes the original's way",
+    )
+    p.add_argument(
         "--vector-obs-norm",
         action=argparse.BooleanOptionalAction,
         default=False,

@@ -64,6 +64,10 @@ class Agent:
         self.log_probs: list[torch.Tensor] = []
         self.rewards: list[float] = []
         self.entropies: list[torch.Tensor] = []
+        # Fast path: what `action_explore` records for `replay_rollout`.
+        self.explored_states: list[torch.Tensor] = []
+        self.explored_actions: list[int] = []
+        self.rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- state ------------------------------------------------------------------------------
 
@@ -118,6 +122,45 @@ class Agent:
         return self
 
     @torch.no_grad()
+    def action_explore(self) -> Agent:
+        """Fast-path acting: sample like `action_train` but without autograd.
+
+        Records the observation, the action and the reward; `replay_rollout` recomputes the
+        values, log-probabilities and entropies with autograd for the whole rollout at once.
+        """
+        if self.rollout_start is None:
+            self.rollout_start = (self.hx.detach(), self.cx.detach())
+        _, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        prob = F.softmax(logits, dim=1)
+        action = prob.multinomial(1)
+        self.explored_states.append(self.state)
+        self.explored_actions.append(int(action.item()))
+        self._step_env(self.explored_actions[-1])
+        self.rewards.append(self.reward)
+        return self
+
+    def replay_rollout(self) -> Agent:
+        """Fill the rollout buffers for the loss from what `action_explore` recorded.
+
+        One `forward_sequence` over the rollout from its starting LSTM state gives the same
+        values and policy as the per-step forwards did (the weights have not changed since),
+        so the loss and its gradients are those of the reference path.
+        """
+        if self.rollout_start is None:
+            raise RuntimeError("replay_rollout() needs action_explore() steps first")
+        hx, cx = self.rollout_start
+        values, logits = self.model.forward_sequence(torch.stack(self.explored_states), hx, cx)
+        log_prob = F.log_softmax(logits, dim=1)
+        prob = F.softmax(logits, dim=1)
+        entropy = -(log_prob * prob).sum(1)
+        actions = torch.tensor(self.explored_actions, device=self.device).unsqueeze(1)
+        chosen = log_prob.gather(1, actions)
+        self.values = list(values.split(1))
+        self.log_probs = list(chosen.split(1))
+        self.entropies = list(entropy.split(1))
+        return self
+
+    @torch.no_grad()
     def action_test(self) -> Agent:
         """Take the greedy (argmax) action and step the env; nothing is recorded."""
         _, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
@@ -134,8 +177,11 @@ class Agent:
 
     def clear_actions(self) -> Agent:
         """Empty the rollout buffers (after an update)."""
-        self.values.clear()
-        self.log_probs.clear()
+        self.values = []
+        self.log_probs = []
         self.rewards.clear()
-        self.entropies.clear()
+        self.entropies = []
+        self.explored_states.clear()
+        self.explored_actions.clear()
+        self.rollout_start = None
         return self

@@ -134,3 +134,82 @@ def test_gpu_worker_updates_the_cpu_shared_model():
     losses, shared = worker_losses(args, updates=3)
     assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses)))
     assert all(p.device.type == "cpu" for p in shared.parameters())
+
+
+# -- fast path against the reference path ------------------------------------------------------
+
+
+def pong_rollout_grads(fast: bool, steps: int = 12) -> tuple[float, list[torch.Tensor], list[int]]:
+    """One rollout from a fixed seed: loss, gradients and the actions taken."""
+    from player_util import Agent
+
+    args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
+    env = make_env(args.env, read_config(ROOT / "config.json"), args)
+    torch.manual_seed(0)
+    model = build_model(env.observation_space, env.action_space, args)
+    if fast:
+        model.use_channels_last()
+    agent = Agent(model, env)
+    agent.reset(seed=3)
+    for _ in range(30):  # get into the game, with a non-zero LSTM state
+        agent.action_test()
+    agent.detach_lstm()
+    torch.manual_seed(42)
+    actions = []
+    for _ in range(steps):
+        if fast:
+            agent.action_explore()
+            actions.append(agent.explored_actions[-1])
+        else:
+            agent.action_train()
+        if agent.done:
+            break
+    if fast:
+        agent.replay_rollout()
+    terms = a3c_loss(
+        agent.values, agent.log_probs, agent.rewards, agent.entropies,
+        agent.bootstrap_value(), args,
+    )  # fmt: skip
+    model.zero_grad(set_to_none=True)
+    terms.total.backward()
+    return terms.total.item(), [p.grad.clone() for p in model.parameters()], actions
+
+
+def test_fast_path_gives_the_reference_loss_and_gradients():
+    ref_loss, ref_grads, _ = pong_rollout_grads(fast=False)
+    fast_loss, fast_grads, actions = pong_rollout_grads(fast=True)
+    assert len(actions) == 12
+    assert fast_loss == pytest.approx(ref_loss, rel=1e-4, abs=1e-5)
+    for ref, fast in zip(ref_grads, fast_grads, strict=True):
+        torch.testing.assert_close(fast, ref, rtol=1e-3, atol=1e-5)
+
+
+def test_fast_and_reference_workers_give_the_same_losses_on_pong():
+    args = make_args(
+        env="PongNoFrameskip-v4", hidden_size=32, num_steps=10, env_config=str(ROOT / "config.json")
+    )
+    args.fast_path = False
+    reference, _ = worker_losses(args, updates=4)
+    args.fast_path = True
+    fast, _ = worker_losses(args, updates=4)
+    assert fast == pytest.approx(reference, rel=1e-4, abs=1e-5)
+
+
+def test_forward_sequence_matches_step_by_step_forward():
+    args = make_args(hidden_size=16)
+    import gymnasium as gym
+
+    for obs_space in (
+        gym.spaces.Box(-1, 1, (1, 80, 80)),
+        gym.spaces.Box(-1, 1, (4,)),
+    ):
+        torch.manual_seed(0)
+        model = build_model(obs_space, gym.spaces.Discrete(3), args)
+        x = torch.randn(7, *obs_space.shape)
+        hx, cx = torch.randn(1, 16), torch.randn(1, 16)
+        values, logits = model.forward_sequence(x, hx, cx)
+        h, c = hx, cx
+        for t in range(7):
+            v, lg, h, c = model(x[t : t + 1], h, c)
+            torch.testing.assert_close(values[t : t + 1], v, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(logits[t : t + 1], lg, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,166 @@
+"""Steady-state training throughput of main.py: fast path against the reference path.
+
+For each worker count, runs ``main.py`` twice in a row, ``--fast-path`` and
+``--no-fast-path`` (the original's way: forward with autograd at every step, per-tensor weight
+copies), each for ``--seconds`` seconds, then stops it with SIGINT. Frames per second are read
+from the launcher's status lines after ``--warmup`` seconds, so start-up is excluded. Peak memory
+(RSS) of every process is sampled once a second, and GPU memory with ``nvidia-smi`` when there is
+a GPU.
+
+    python benchmarks/bench_training.py --workers 2 --seconds 120
+    python benchmarks/bench_training.py --workers 4 8 16 --gpu-ids 0 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
+
+
+def group_processes(pgid: int) -> dict[int, str]:
+    """Live processes of a process group: pid -> title (setproctitle's, or the command)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except (OSError, ValueError):
+            continue
+        out[int(stat.parent.name)] = cmd
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` in MiB (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def gpu_memory_mib() -> dict[int, float]:
+    """GPU memory per pid from nvidia-smi (empty without one)."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    usage = {}
+    for line in result.stdout.splitlines():
+        pid, mem = (part.strip() for part in line.split(","))
+        usage[int(pid)] = float(mem)
+    return usage
+
+
+def role(cmd: str) -> str:
+    """``Train Agent: 3`` -> ``worker``; the test process; the launcher; helpers."""
+    if "Train Agent" in cmd:
+        return "worker"
+    if "Test Agent" in cmd:
+        return "test"
+    if "main.py" in cmd:
+        return "launcher"
+    return "helper"
+
+
+def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> dict:
+    """One timed run of main.py; returns frames/s and peak memory per role."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            sys.executable, "main.py", *flags, "--status-interval", str(status),
+            "--save-model-dir", tmp, "--log-dir", tmp,
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        peak_rss: dict[str, float] = {}
+        peak_gpu: dict[str, float] = {}
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and proc.poll() is None:
+            processes = group_processes(proc.pid)
+            gpu = gpu_memory_mib()
+            for pid, cmdline in processes.items():
+                who = role(cmdline)
+                peak_rss[who] = max(peak_rss.get(who, 0.0), rss_mib(pid))
+                if pid in gpu:
+                    peak_gpu[who] = max(peak_gpu.get(who, 0.0), gpu[pid])
+            time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    points = [
+        (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
+        for h, m, s, f in STATUS.findall(stderr)
+    ]
+    steady = [p for p in points if p[0] >= warmup]
+    if len(steady) < 2:
+        raise RuntimeError(f"too few status lines after the warm-up; stderr ends:\n{stderr[-800:]}")
+    (t0, f0), (t1, f1) = steady[0], steady[-1]
+    return {
+        "frames_per_s": (f1 - f0) / max(t1 - t0, 1),
+        "window_s": t1 - t0,
+        "peak_rss_mib": {k: round(v) for k, v in sorted(peak_rss.items())},
+        "peak_gpu_mib": {k: round(v) for k, v in sorted(peak_gpu.items())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run fast and reference side by side for each worker count; print and save."""
+    p = argparse.ArgumentParser(description="main.py training throughput, fast vs reference.")
+    p.add_argument("--env", default="PongNoFrameskip-v4")
+    p.add_argument("--workers", type=int, nargs="+", default=[2])
+    p.add_argument("--gpu-ids", type=int, nargs="+", default=[-1])
+    p.add_argument("--seconds", type=float, default=120, help="length of each run")
+    p.add_argument("--warmup", type=float, default=30, help="seconds left out at the start")
+    p.add_argument("--status-interval", type=float, default=5)
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    if args.seconds <= args.warmup + 2 * args.status_interval:
+        print("bench_training.py: error: --seconds must exceed --warmup by two status intervals")
+        return 2
+
+    results = []
+    for workers in args.workers:
+        row = {"env": args.env, "workers": workers, "gpu_ids": args.gpu_ids}
+        for path in ("fast", "reference"):
+            flags = [
+                "--env", args.env, "--workers", str(workers), "--gpu-ids",
+                *map(str, args.gpu_ids), "--fast-path" if path == "fast" else "--no-fast-path",
+            ]  # fmt: skip
+            row[path] = run_once(flags, args.seconds, args.warmup, args.status_interval)
+        row["speedup"] = row["fast"]["frames_per_s"] / row["reference"]["frames_per_s"]
+        results.append(row)
+        print(
+            f"{args.env} workers {workers}: fast {row['fast']['frames_per_s']:.0f} frames/s, "
+            f"reference {row['reference']['frames_per_s']:.0f} frames/s, "
+            f"speed-up {row['speedup']:.2f}x; peak RSS fast {row['fast']['peak_rss_mib']} MiB, "
+            f"reference {row['reference']['peak_rss_mib']} MiB; "
+            f"GPU {row['fast']['peak_gpu_mib'] or '-'}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
