@@ -78,7 +78,7 @@ class _ActorCriticLSTM(nn.Module):
         """
         features = self.encode(x).unsqueeze(1)  # (T, batch 1, features)
         weights = [self.lstm.weight_ih, self.lstm.weight_hh, self.lstm.bias_ih, self.lstm.bias_hh]
-        hidden, _, _ = torch._VF.lstm(
+        hidden, _, _ = torch.lstm(
             features, (hx.unsqueeze(0), cx.unsqueeze(0)), weights, True, 1, 0.0, True, False, False
         )
         hidden = hidden.squeeze(1)
