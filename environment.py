@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from utils import UsageError, env_config
+from utils import UsageError, env_config, require_at_least
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 ALE_DEFAULT_MAX_FRAMES = 108_000
@@ -303,16 +303,16 @@ def atari_env(
             f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
             "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
         )
-    if args.max_episode_length < 1:
-        raise UsageError(f"--max-episode-length must be at least 1, got {args.max_episode_length}")
-    if args.skip_rate < 1:
-        raise UsageError(f"--skip-rate must be at least 1, got {args.skip_rate}")
+    require_at_least("--max-episode-length", args.max_episode_length)
+    require_at_least("--skip-rate", args.skip_rate)
 
-    we_skip = spec.kwargs.get("frameskip", 1) == 1
-    # The old ids skip up to 4 frames at random: budget for the most.
-    max_frames = args.max_episode_length * max(
-        frames_per_step(env_id, args), 4 if not we_skip else 1
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    we_skip = ale_skip == 1
+    # Most raw frames one agent step can take (the old ids skip a random [low, high) frames).
+    step_frames = (
+        args.skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1)
     )
+    max_frames = args.max_episode_length * step_frames
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
     if max_frames > ALE_DEFAULT_MAX_FRAMES:
         # Otherwise ALE's own cap would end episodes before --max-episode-length does.
@@ -345,8 +345,7 @@ def vector_env(env_id: str, args: argparse.Namespace, render_mode: str | None = 
     spec = lookup_spec(env_id)
     if spec.entry_point == ATARI_ENTRY_POINT:
         raise UsageError(f"{env_id!r} is an Atari game; build it with atari_env")
-    if args.max_episode_length < 1:
-        raise UsageError(f"--max-episode-length must be at least 1, got {args.max_episode_length}")
+    require_at_least("--max-episode-length", args.max_episode_length)
     try:
         env = gym.make(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as err:

@@ -27,7 +27,9 @@ from utils import (
     env_file_stem,
     load_weights,
     read_config,
+    require_at_least,
     setup_logger,
+    worker_device,
 )
 from visualize import write_gif
 
@@ -99,8 +101,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         ("--skip-rate", args.skip_rate),
         ("--hidden-size", args.hidden_size),
     ):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+        require_at_least(flag, value)
     if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise UsageError(
             "--render needs a display, and none is set here (DISPLAY is empty); "
@@ -192,9 +193,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     config = read_config(args.env_config)
-    device = torch.device("cpu") if args.gpu_id < 0 else torch.device("cuda", args.gpu_id)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = worker_device(args.gpu_id)
     torch.manual_seed(args.seed)
 
     render_mode = "rgb_array" if args.new_gym_eval or args.demo else None

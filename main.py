@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from environment import frames_per_step, make_env
 from model import build_model
-from test import cpu_state_dict, format_elapsed, log_file, test
+from test import cpu_state_dict, log_file, test
 from train import make_optimizer, train
 from utils import (
     ProcessContext,
@@ -26,8 +26,10 @@ from utils import (
     UsageError,
     checkpoint_path,
     env_file_stem,
+    format_elapsed,
     load_weights,
     read_config,
+    require_at_least,
     save_atomic,
 )
 from visualize import plot_curve
@@ -174,8 +176,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         "--hidden-size": args.hidden_size,
     }
     for flag, value in positive_ints.items():
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+        require_at_least(flag, value)
     if args.max_steps < 0:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {args.max_steps}")
     if not (math.isfinite(args.test_interval) and args.test_interval >= 0):

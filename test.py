@@ -17,18 +17,12 @@ from utils import (
     ProcessContext,
     checkpoint_path,
     child_process,
+    format_elapsed,
     read_config,
     save_atomic,
     setup_logger,
     worker_device,
 )
-
-
-def format_elapsed(seconds: float) -> str:
-    """``00h 02m 13s`` (hours keep counting past a day)."""
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours:02d}h {minutes:02d}m {secs:02d}s"
 
 
 def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

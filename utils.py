@@ -15,10 +15,10 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -205,6 +205,19 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
             shared_param.grad.copy_(grad)
 
 
+def format_elapsed(seconds: float) -> str:
+    """``00h 02m 13s`` (hours keep counting past a day)."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}h {minutes:02d}m {secs:02d}s"
+
+
+def require_at_least(flag: str, value: int, minimum: int = 1) -> None:
+    """Raise UsageError ``"<flag> must be at least <minimum>, got <value>"`` when too small."""
+    if value < minimum:
+        raise UsageError(f"{flag} must be at least {minimum}, got {value}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Checkpoints
 # ----------------------------------------------------------------------------------------------
@@ -223,18 +236,22 @@ def checkpoint_path(folder: str | Path, env_id: str, suffix: str = ".dat") -> Pa
     return Path(folder) / f"{env_file_stem(env_id)}{suffix}"
 
 
-def save_atomic(obj: Any, path: str | Path) -> None:
-    """``torch.save`` `obj` to `path` through a temporary file and a rename.
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file through a temporary file and a rename.
 
     A reader (or a crash) never sees a half-written file: the old file stays until the new
-    one is complete on disk.
+    one is complete on disk, and a failed write leaves no temporary file behind.
+
+    Args:
+        path: the file to (re)place.
+        write: writes the whole content to the binary file object it is given.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -242,6 +259,11 @@ def save_atomic(obj: Any, path: str | Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """``torch.save`` `obj` to `path` with `write_atomic`."""
+    write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
@@ -460,12 +482,9 @@ def git_commit() -> str | None:
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> None:
-    """Write `obj` as indented JSON through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """Write `obj` as indented JSON with `write_atomic`."""
+    text = json.dumps(obj, indent=2, default=str) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 class RunMonitor:
@@ -582,8 +601,7 @@ class RunMonitor:
 
     def status_line(self, now: float, steps: int) -> str:
         """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
-        elapsed = int(now - self.ctx.start_time)
-        clock = f"{elapsed // 3600:02d}h {elapsed % 3600 // 60:02d}m {elapsed % 60:02d}s"
+        clock = format_elapsed(now - self.ctx.start_time)
         if self.rewards:
             test = (
                 f"test reward {self.rewards[-1]:g} (mean of last {min(len(self.rewards), 100)} "
