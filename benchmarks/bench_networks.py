@@ -7,6 +7,9 @@ Cases (1x80x80 frames, LSTM hidden 512, 6 actions, as for Pong):
   backward through all of them.
 - ``replay20``: 20 frames through the conv stack as one batch and the LSTM step by step, then
   backward (a rollout recomputed after acting without autograd).
+- ``fast20``: the fast path's whole rollout: 20 batch-1 forwards without autograd that record
+  the conv activations on an `EncoderTape`, then the taped features through the fused LSTM
+  sequence op and backward (no second conv forward).
 - ``infer16``: batch-16 forward without autograd.
 - ``train128``: batch-128 forward and backward.
 
@@ -38,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model import A3Clstm  # noqa: E402
+from model import A3Clstm, EncoderTape  # noqa: E402
 
 STEPS = 20
 
@@ -98,6 +101,20 @@ def case_functions(
         total.backward()
         return total
 
+    tape = EncoderTape()
+
+    def fast20() -> object:
+        tape.clear()
+        h, c = hx, cx
+        with torch.no_grad():
+            for t in range(STEPS):
+                _, _, h, c = model(x20[t : t + 1], h, c, tape=tape)
+        values, logits = model.sequence_from_features(model.replay_features(tape), hx, cx)
+        total = values.sum() + logits.logsumexp(1).sum()
+        model.zero_grad(set_to_none=True)
+        total.backward()
+        return total
+
     def infer16() -> object:
         with torch.no_grad():
             return forward(x16, h16, c16)
@@ -111,6 +128,7 @@ def case_functions(
     cases = {"act": act, "rollout20": rollout20, "infer16": infer16, "train128": train128}
     if mode != "compile":
         cases["replay20"] = replay20
+        cases["fast20"] = fast20
     return cases
 
 

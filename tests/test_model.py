@@ -145,3 +145,67 @@ def test_build_model_picks_the_network_from_the_observation_space():
 def test_build_model_rejects_spaces_it_cannot_use(obs, act, message):
     with pytest.raises(UsageError, match=message):
         build_model(obs, act, make_args())
+
+
+# -- the encoder tape (fast path) ----------------------------------------------------------------
+
+
+def taped_gradients(model, frames: torch.Tensor, tape) -> list[torch.Tensor]:
+    """Record `frames` one step at a time without autograd, replay, backprop a fixed loss."""
+    from model import EncoderTape
+
+    tape = EncoderTape() if tape is None else tape
+    tape.clear()
+    with torch.no_grad():
+        recorded = [model.encode_recorded(frames[t : t + 1], tape) for t in range(len(frames))]
+    features = model.replay_features(tape)
+    torch.testing.assert_close(features, torch.cat(recorded), rtol=0, atol=0)
+    model.zero_grad(set_to_none=True)
+    (features * torch.linspace(-1, 1, features.shape[1])).sum().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_encoder_tape_gives_the_gradients_of_autograd(channels_last):
+    """Two rollouts on one tape (the second longer than its first buffers) vs autograd."""
+    from model import EncoderTape
+
+    torch.manual_seed(0)
+    model = A3Clstm(1, gym.spaces.Discrete(6), make_args())
+    if channels_last:
+        model.use_channels_last()
+    tape = EncoderTape()
+    for steps in (5, 40):
+        frames = torch.rand(steps, 1, 80, 80)
+        taped = taped_gradients(model, frames, tape)
+        assert len(tape) == steps
+        model.zero_grad(set_to_none=True)
+        features = model.encode(frames)
+        (features * torch.linspace(-1, 1, features.shape[1])).sum().backward()
+        reference = [p.grad for p in model.parameters() if p.grad is not None]
+        assert len(taped) == len(reference) == 8  # the conv weights and biases
+        for mine, theirs in zip(taped, reference, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-3, atol=1e-5)
+
+
+def test_max_unpool_is_the_max_pool_backward_bit_for_bit():
+    from model import _max_unpool
+
+    for size in ((3, 32, 80, 80), (2, 64, 9, 9)):  # even, and odd (last row/column dropped)
+        x = torch.randn(size).contiguous(memory_format=torch.channels_last)
+        pooled, indices = torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True)
+        grad = torch.randn_like(pooled)
+        expected = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad, x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices
+        )
+        assert torch.equal(_max_unpool(grad, indices, x.shape), expected)
+
+
+def test_recording_needs_no_grad(model):
+    from model import EncoderTape
+
+    hx, cx = model.initial_state()
+    with pytest.raises(RuntimeError, match="no_grad"):
+        model(torch.zeros(1, 1, 80, 80), hx, cx, tape=EncoderTape())
+    with pytest.raises(RuntimeError, match="needs steps"):
+        model.replay_features(EncoderTape())
