@@ -404,3 +404,49 @@ def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
             return env
         env = env.env
     return None
+
+
+def normalizer_state(env: gym.Env) -> dict[str, Any] | None:
+    """The running statistics of the env's observation normaliser (None if it has none).
+
+    Covers `NormalizedEnv` (Atari frames) and gymnasium's ``NormalizeObservation`` (vector
+    envs with ``--vector-obs-norm``); plain numbers and lists only, so a training-state file
+    holding them loads with ``weights_only=True``.
+    """
+    norm = find_normalizer(env)
+    if norm is not None:
+        return {"kind": "frames", **norm.state_dict()}
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.NormalizeObservation):
+            rms = env.obs_rms
+            return {
+                "kind": "vector",
+                "mean": np.asarray(rms.mean, dtype=np.float64).tolist(),
+                "var": np.asarray(rms.var, dtype=np.float64).tolist(),
+                "count": float(rms.count),
+            }
+        env = env.env
+    return None
+
+
+def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
+    """Continue the env's normaliser from `normalizer_state` output; False if they do not fit."""
+    if not state:
+        return False
+    if state.get("kind") == "frames":
+        norm = find_normalizer(env)
+        if norm is None:
+            return False
+        norm.load_state_dict(state)
+        return True
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.NormalizeObservation):
+            rms = env.obs_rms
+            if len(state["mean"]) != np.size(rms.mean):
+                return False
+            rms.mean = np.asarray(state["mean"], dtype=rms.mean.dtype)
+            rms.var = np.asarray(state["var"], dtype=rms.var.dtype)
+            rms.count = float(state["count"])
+            return True
+        env = env.env
+    return False

@@ -22,6 +22,7 @@ from main import DEFAULT_ENV, check_gpus
 from model import build_model
 from player_util import Agent
 from utils import (
+    OneLineParser,
     UsageError,
     checkpoint_path,
     env_file_stem,
@@ -42,7 +43,7 @@ DEMO_MAX_FRAMES = 1500
 
 def build_parser() -> argparse.ArgumentParser:
     """The original gym_eval.py flags (same names and defaults), plus ours."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="Evaluate a trained A3G model over many greedy games.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

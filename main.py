@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -21,12 +22,17 @@ from model import build_model
 from test import cpu_state_dict, log_file, test
 from train import make_optimizer, train
 from utils import (
+    FATAL_EXIT,
+    STATE_FORMAT,
+    OneLineParser,
     ProcessContext,
     RunMonitor,
     UsageError,
+    check_state_dict,
     checkpoint_path,
     env_file_stem,
     format_elapsed,
+    load_training_state,
     load_weights,
     read_config,
     require_at_least,
@@ -39,7 +45,7 @@ DEFAULT_ENV = "PongNoFrameskip-v4"
 
 def build_parser() -> argparse.ArgumentParser:
     """The training command line: the original A3G's flags (same names and defaults) and ours."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="A3G: train an A3C-LSTM agent with Hogwild workers on CPUs and GPUs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -154,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         "convs, fused LSTM); --no-fast-path computes the original's way",
     )
     p.add_argument(
+        "--state-interval",
+        type=float,
+        default=300.0,
+        help="seconds between writes of the training-state file <env>_state.pt (optimizer "
+        "statistics, counters, normalisers; what --load resumes from); 0 = only at shutdown",
+    )
+    p.add_argument(
         "--vector-obs-norm",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -192,6 +205,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag, value in (("--entropy-coef", args.entropy_coef), ("--value-coef", args.value_coef)):
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} must be a non-negative number, got {value}")
+    if not (math.isfinite(args.state_interval) and args.state_interval >= 0):
+        raise UsageError(f"--state-interval must be 0 or more seconds, got {args.state_interval}")
     if not (math.isfinite(args.status_interval) and args.status_interval >= 0):
         raise UsageError(f"--status-interval must be 0 or more seconds, got {args.status_interval}")
     if not (math.isfinite(args.reward_scale) and args.reward_scale > 0):
@@ -260,6 +275,7 @@ class Launcher:
         self.log = logging.getLogger("a3g.main")
         self.stop_reason = ""
         self.failed = False
+        self.final_saved = True
         check_gpus(args.gpu_ids)
         config = read_config(args.env_config)
         env = make_env(args.env, config, args)
@@ -279,22 +295,32 @@ class Launcher:
             / f"{env_file_stem(args.env)}_{time.strftime('%Y%m%d-%H%M%S')}"
         )
 
+        self.state_path = checkpoint_path(args.save_model_dir, args.env, "_state.pt")
+
         torch.manual_seed(args.seed)
         self.shared_model = build_model(self.observation_space, self.action_space, args)
-        if args.load:
-            load_path = checkpoint_path(args.load_model_dir, args.env)
-            load_weights(self.shared_model, load_path)
-            self.log.info(f"loaded weights from {load_path}")
-        self.shared_model.share_memory()
         self.optimizer = None
         if args.shared_optimizer:
             self.optimizer = make_optimizer(self.shared_model.parameters(), args)
+        self.resumed: dict[str, Any] = {}
+        if args.load:
+            self.resumed = self._load()
+        self.shared_model.share_memory()
+        if self.optimizer is not None:
             self.optimizer.share_memory()
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
-        self.ctx = ProcessContext.create(self.mp, args.max_steps)
+        self.ctx = ProcessContext.create(
+            self.mp,
+            args.max_steps,
+            steps=int(self.resumed.get("steps", 0)),
+            elapsed=float(self.resumed.get("elapsed", 0.0)),
+        )
         self.processes: dict[str, mp.process.BaseProcess] = {}
+        self.deaths: dict[str, list[float]] = {}
+        self.pending_causes: dict[str, tuple[str, str]] = {}
         self._signals = 0
+        self.next_state_save = time.monotonic() + args.state_interval
         self.monitor = RunMonitor(
             args,
             self.shared_model,
@@ -304,6 +330,83 @@ class Launcher:
             self.log,
             checkpoint_path(args.log_dir, args.env, "_run.json"),
         )
+        if self.resumed:
+            self.monitor.restore(
+                self.resumed.get("test_rewards", []), self.resumed.get("normalizers", {})
+            )
+        self.specs = self.child_specs(
+            self.resumed.get("normalizers", {}), self.resumed.get("test", {})
+        )
+
+    def _load(self) -> dict[str, Any]:
+        """``--load``: resume from the training state if there is one, else load the weights.
+
+        Returns:
+            The training state resumed from, or an empty dict when only weights were loaded.
+        """
+        args = self.args
+        state_path = checkpoint_path(args.load_model_dir, args.env, "_state.pt")
+        if not state_path.is_file():
+            load_path = checkpoint_path(args.load_model_dir, args.env)
+            load_weights(self.shared_model, load_path)
+            self.log.info(
+                f"loaded the weights alone from {load_path} (no training state {state_path}: "
+                "optimizer statistics, step counts and normalisers start afresh)"
+            )
+            return {}
+        state = load_training_state(state_path)
+        saved_env = state.get("config", {}).get("env")
+        if saved_env != args.env:
+            raise UsageError(
+                f"training state {str(state_path)!r} is for --env {saved_env}, not {args.env}; "
+                "pass the same --env, or another --load-model-dir"
+            )
+        self.shared_model.load_state_dict(
+            check_state_dict(self.shared_model, state.get("model"), state_path)
+        )
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            try:
+                self.optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as err:
+                raise UsageError(
+                    f"training state {str(state_path)!r}: optimizer statistics do not fit "
+                    f"--optimizer {args.optimizer} ({err}); pass the optimizer it was saved with"
+                ) from None
+        if state.get("tensorboard_dir"):
+            args.tensorboard_dir = state["tensorboard_dir"]
+        self.log.info(
+            f"resumed from {state_path}: step {state['steps']:,}, "
+            f"{format_elapsed(state['elapsed'])} trained, "
+            f"{len(state.get('test_rewards', []))} test games"
+            + ("" if self.optimizer is None else ", optimizer statistics restored")
+        )
+        return state
+
+    def save_state(self) -> None:
+        """Write the training-state file atomically; a failure is logged and the old file kept."""
+        self.monitor.drain()
+        state = {
+            "format": STATE_FORMAT,
+            "model": cpu_state_dict(self.shared_model),
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "steps": self.ctx.total_steps(),
+            "frames": self.monitor.frames,
+            "elapsed": time.time() - self.ctx.start_time,
+            "skipped_updates": self.ctx.total_skipped(),
+            "test_rewards": list(self.monitor.rewards),
+            "test": dict(self.monitor.test_totals),
+            "normalizers": dict(self.monitor.normalizers),
+            "tensorboard_dir": self.args.tensorboard_dir,
+            "config": {k: v for k, v in vars(self.args).items() if k != "tensorboard_dir"},
+            "saved_at": time.time(),
+        }
+        try:
+            save_atomic(state, self.state_path)
+        except OSError as err:
+            self.log.error(
+                f"could not save the training state {self.state_path} ({err}); "
+                "the previous file is kept"
+            )
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -311,33 +414,73 @@ class Launcher:
             self.stop_reason = f"{signal.Signals(signum).name} received"
             self.ctx.stop_event.set()
 
+    def child_specs(
+        self, normalizers: dict[str, Any], test_totals: dict[str, float]
+    ) -> dict[str, tuple[Any, tuple]]:
+        """Process name -> (entry point, arguments) for the test process and every worker.
+
+        Args:
+            normalizers: observation-normaliser statistics to continue from, by ``"test"``
+                or the worker's rank as a string (empty for a fresh start).
+            test_totals: the test process's ``games``, ``reward_total`` and ``best`` so far.
+        """
+        args = self.args
+        specs: dict[str, tuple[Any, tuple]] = {
+            "Test Agent": (
+                test,
+                (
+                    args,
+                    self.shared_model,
+                    self.ctx,
+                    {**test_totals, "normalizer": normalizers.get("test")},
+                ),
+            )
+        }
+        for rank in range(args.workers):
+            specs[f"Train Agent: {rank}"] = (
+                train,
+                (
+                    rank,
+                    args,
+                    self.shared_model,
+                    self.optimizer,
+                    self.ctx,
+                    normalizers.get(str(rank)),
+                ),
+            )
+        return specs
+
     def start(self) -> None:
         """Start the test process and the workers."""
         # Children inherit an ignored SIGINT, so a Ctrl-C during their start-up (before
         # their own setup runs) cannot raise KeyboardInterrupt in them either.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self._start("Test Agent", test, (self.args, self.shared_model, self.ctx))
-            for rank in range(self.args.workers):
-                self._start(
-                    f"Train Agent: {rank}",
-                    train,
-                    (rank, self.args, self.shared_model, self.optimizer, self.ctx),
-                )
+            for name in self.specs:
+                self._start(name)
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def _start(self, name: str, target: object, args: tuple) -> None:
+    def _start(self, name: str) -> None:
+        target, args = self.specs[name]
         proc = self.mp.Process(target=target, args=args, name=name, daemon=False)
         proc.start()
         self.processes[name] = proc
 
+    RESTART_LIMIT = 3
+    RESTART_WINDOW = 600.0
+
     def supervise(self) -> None:
-        """Wait until a signal, the step budget, the workers' end or a child's failure."""
+        """Wait until a signal, the step budget, the workers' end or a failure; restart the dead.
+
+        A child that dies is reported with its name, pid and cause, and started again (it
+        takes the latest shared weights at its next rollout). A child that dies more than
+        `RESTART_LIMIT` times within `RESTART_WINDOW` seconds, or fails with an error no
+        restart can fix (exit code `FATAL_EXIT`), stops the run.
+        """
         while not self.ctx.stop_event.is_set():
-            for name, proc in self.processes.items():
-                if proc.exitcode not in (None, 0):
-                    self._report_failure(name, proc)
+            for name, proc in list(self.processes.items()):
+                if proc.exitcode not in (None, 0) and not self._handle_death(name, proc):
                     return
             workers = [p for n, p in self.processes.items() if n != "Test Agent"]
             if all(p.exitcode == 0 for p in workers):
@@ -349,34 +492,59 @@ class Launcher:
                 return
             if self.ctx.budget_reached() and not self.stop_reason:
                 self.stop_reason = f"--max-steps {self.args.max_steps} reached"
+            if self.args.state_interval > 0 and time.monotonic() >= self.next_state_save:
+                self.save_state()
+                self.next_state_save = time.monotonic() + self.args.state_interval
             self.monitor.tick()
             time.sleep(self.POLL_SECONDS)
 
-    def _report_failure(self, name: str, proc: mp.process.BaseProcess) -> None:
-        self.failed = True
-        causes, traces = {}, {}
+    def _collect_errors(self) -> None:
         while True:
             try:
                 title, cause, trace = self.ctx.errors.get(timeout=0.5)
             except queue.Empty:
-                break
-            causes[title], traces[title] = cause, trace
+                return
+            self.pending_causes[title] = (cause, trace)
+
+    def _handle_death(self, name: str, proc: mp.process.BaseProcess) -> bool:
+        """Report a dead child and restart it; False when the run must stop instead."""
+        self._collect_errors()
         code = proc.exitcode
         how = (
             f"killed by {signal.Signals(-code).name}"
             if code is not None and code < 0
             else f"exit code {code}"
         )
-        cause = causes.get(name, "no error report (it died without raising)")
-        self.stop_reason = f"{name} (pid {proc.pid}) died: {how}; {cause}"
-        if name in traces:
-            self.log.error(f"{name} traceback:\n{traces[name].rstrip()}")
-        for other, other_cause in causes.items():
-            if other != name:
-                self.log.error(f"{other} also failed: {other_cause}")
+        cause, trace = self.pending_causes.pop(
+            name, ("no error report (it died without raising)", "")
+        )
+        if trace:
+            self.log.error(f"{name} traceback:\n{trace.rstrip()}")
+        now = time.monotonic()
+        deaths = [t for t in self.deaths.get(name, []) if now - t < self.RESTART_WINDOW]
+        deaths.append(now)
+        self.deaths[name] = deaths
+        what = f"{name} (pid {proc.pid}) died: {how}; {cause}"
+        if code == FATAL_EXIT:
+            self.failed = True
+            self.stop_reason = what
+            return False
+        if len(deaths) > self.RESTART_LIMIT:
+            self.failed = True
+            self.stop_reason = (
+                f"{what}; it died {len(deaths)} times in {self.RESTART_WINDOW / 60:.0f} minutes, "
+                "so the run stops"
+            )
+            return False
+        self.log.warning(f"{what}; restarting it with the latest weights")
+        self.monitor.drain()  # its latest normaliser statistics, for the new process
+        latest = self.child_specs(self.monitor.normalizers, self.monitor.test_totals)
+        self.specs[name] = latest[name]
+        self._start(name)
+        return True
 
     def shutdown(self) -> None:
-        """Stop every child, then save the latest weights."""
+        """Stop every child, then save the latest weights and the training state."""
         self.ctx.stop_event.set()
         deadline = time.monotonic() + self.JOIN_SECONDS
         for proc in self.processes.values():
@@ -389,7 +557,15 @@ class Launcher:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        save_atomic(cpu_state_dict(self.shared_model), self.final_path)
+        self._collect_errors()
+        for title, (cause, _) in self.pending_causes.items():
+            self.log.error(f"{title} also failed: {cause}")
+        try:
+            save_atomic(cpu_state_dict(self.shared_model), self.final_path)
+        except OSError as err:
+            self.log.error(f"could not save {self.final_path} ({err}); the previous file is kept")
+            self.final_saved = False
+        self.save_state()
 
     def write_curve(self) -> None:
         """The training curve PNG beside the log, when the run had test games."""
@@ -431,7 +607,12 @@ class Launcher:
         steps = self.ctx.total_steps()
         message = (
             f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
-            f"{format_elapsed(time.time() - self.ctx.start_time)}; model saved to {self.final_path}"
+            f"{format_elapsed(time.time() - self.ctx.start_time)}; "
+            + (
+                f"model saved to {self.final_path}"
+                if self.final_saved
+                else f"model NOT saved to {self.final_path} (see the error above)"
+            )
         )
         if self.failed:
             self.log.error(message)

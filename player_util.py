@@ -11,6 +11,18 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from environment import was_real_done
+from model import EncoderTape
+
+
+class NonFiniteError(ArithmeticError):
+    """The policy came out NaN or inf (a broken observation or model); nothing was sampled."""
+
+
+def _check_finite(logits: torch.Tensor) -> None:
+    # Sampling from NaN probabilities fails on CPU and trips a device assert on CUDA, which
+    # would end the process's CUDA context; a small check per step avoids both.
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError("the policy's logits hold a NaN or inf")
 
 
 class Agent:
@@ -65,7 +77,7 @@ class Agent:
         self.rewards: list[float] = []
         self.entropies: list[torch.Tensor] = []
         # Fast path: what `action_explore` records for `replay_rollout`.
-        self.explored_states: list[torch.Tensor] = []
+        self.tape = EncoderTape()
         self.explored_actions: list[int] = []
         self.rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -108,8 +120,13 @@ class Agent:
         self.eps_len += 1
 
     def action_train(self) -> Agent:
-        """Sample an action from the policy, step the env, and record the step for the loss."""
+        """Sample an action from the policy, step the env, and record the step for the loss.
+
+        Raises:
+            NonFiniteError: the policy is NaN or inf (the env was not stepped).
+        """
         value, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        _check_finite(logits)
         prob = F.softmax(logits, dim=1)
         log_prob = F.log_softmax(logits, dim=1)
         entropy = -(log_prob * prob).sum(1)
@@ -125,15 +142,21 @@ class Agent:
     def action_explore(self) -> Agent:
         """Fast-path acting: sample like `action_train` but without autograd.
 
-        Records the observation, the action and the reward; `replay_rollout` recomputes the
-        values, log-probabilities and entropies with autograd for the whole rollout at once.
+        Records the encoder's work on `tape`, the action and the reward; `replay_rollout`
+        recomputes the values, log-probabilities and entropies with autograd for the whole
+        rollout at once.
+
+        Raises:
+            NonFiniteError: the policy is NaN or inf (the env was not stepped).
         """
         if self.rollout_start is None:
             self.rollout_start = (self.hx.detach(), self.cx.detach())
-        _, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        _, logits, self.hx, self.cx = self.model(
+            self.state.unsqueeze(0), self.hx, self.cx, tape=self.tape
+        )
+        _check_finite(logits)
         prob = F.softmax(logits, dim=1)
         action = prob.multinomial(1)
-        self.explored_states.append(self.state)
         self.explored_actions.append(int(action.item()))
         self._step_env(self.explored_actions[-1])
         self.rewards.append(self.reward)
@@ -142,14 +165,17 @@ class Agent:
     def replay_rollout(self) -> Agent:
         """Fill the rollout buffers for the loss from what `action_explore` recorded.
 
-        One `forward_sequence` over the rollout from its starting LSTM state gives the same
-        values and policy as the per-step forwards did (the weights have not changed since),
-        so the loss and its gradients are those of the reference path.
+        The recorded encoder features (`replay_features`, which backpropagates into the conv
+        weights without a second forward) go through the LSTM as one sequence from the
+        rollout's starting state. That gives the values and policy the per-step forwards gave
+        (the weights have not changed since), so the loss and its gradients are those of the
+        reference path.
         """
         if self.rollout_start is None:
             raise RuntimeError("replay_rollout() needs action_explore() steps first")
         hx, cx = self.rollout_start
-        values, logits = self.model.forward_sequence(torch.stack(self.explored_states), hx, cx)
+        features = self.model.replay_features(self.tape)
+        values, logits = self.model.sequence_from_features(features, hx, cx)
         log_prob = F.log_softmax(logits, dim=1)
         prob = F.softmax(logits, dim=1)
         entropy = -(log_prob * prob).sum(1)
@@ -181,7 +207,7 @@ class Agent:
         self.log_probs = []
         self.rewards.clear()
         self.entropies = []
-        self.explored_states.clear()
+        self.tape.clear()
         self.explored_actions.clear()
         self.rollout_start = None
         return self

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from environment import frames_per_step, make_env
+from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
 from model import build_model
 from player_util import Agent
 from utils import (
@@ -24,6 +25,10 @@ from utils import (
     worker_device,
 )
 
+TEST_NICENESS = 10
+"""The evaluation process runs at this lower scheduling priority (``os.nice``), so that while
+the training workers keep every core busy it takes what they leave instead of a fair share."""
+
 
 def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A CPU copy of the weights, as saved in ``.dat`` files."""
@@ -35,15 +40,27 @@ def log_file(args: argparse.Namespace) -> Path:
     return checkpoint_path(args.log_dir, args.env, "_log")
 
 
-def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessContext) -> None:
+def run_test(
+    args: argparse.Namespace,
+    shared_model: nn.Module,
+    ctx: ProcessContext,
+    resume: dict | None = None,
+) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
     After each real game over: log the game (the original's line plus total steps, frames and
     frames/s), report it to the launcher (which writes TensorBoard), save
     ``<save-model-dir><env>.dat`` (every game, or only on a new best with ``--save-max``),
     then wait ``--test-interval`` seconds and reload the weights. A lost life continues the
-    same game.
+    same game. A failed save is logged and the previous file stays; testing goes on.
+
+    Args:
+        args: the run's configuration.
+        shared_model: the shared-memory model to evaluate.
+        ctx: stop event and counters shared with the launcher.
+        resume: a resumed run's ``games``, ``reward_total``, ``best`` and ``normalizer``.
     """
+    resume = resume or {}
     device = worker_device(args.gpu_ids[-1])
     log = setup_logger(f"a3g.test.{args.env}", log_file(args))
     for key, value in sorted(vars(args).items()):
@@ -55,13 +72,16 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
     model.eval()
     agent = Agent(model, env, device, clip_rewards=False)
     model.load_state_dict(shared_model.state_dict())
+    load_normalizer_state(env, resume.get("normalizer"))
     agent.reset(seed=args.seed)
 
     frames_per = frames_per_step(args.env, args)
     save_path = checkpoint_path(args.save_model_dir, args.env)
-    games, reward_total, best = 0, 0.0, -math.inf
+    games = int(resume.get("games", 0))
+    reward_total = float(resume.get("reward_total", 0.0))
+    best = float(resume.get("best", -math.inf))
     reward_sum, length = 0.0, 0
-    while not ctx.stop_event.is_set():
+    while not ctx.stopping():
         agent.action_test()
         reward_sum += agent.raw_reward
         length += 1
@@ -82,22 +102,41 @@ def run_test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessCont
             f"total steps {steps}, total frames {frames}, "
             f"frames/s {frames / max(elapsed, 1e-9):.0f}"
         )
+        best = max(best, reward_sum)
         ctx.report(
-            "test", {"reward": reward_sum, "length": length, "steps": steps, "frames": frames}
+            "test",
+            {
+                "reward": reward_sum,
+                "length": length,
+                "steps": steps,
+                "frames": frames,
+                "games": games,
+                "reward_total": reward_total,
+                "best": best,
+                "normalizer": normalizer_state(env),
+            },
         )
         if not args.save_max or reward_sum >= best:
-            save_atomic(cpu_state_dict(model), save_path)
-        best = max(best, reward_sum)
+            try:
+                save_atomic(cpu_state_dict(model), save_path)
+            except OSError as err:
+                log.error(f"could not save {save_path} ({err}); the previous file is kept")
         reward_sum, length = 0.0, 0
 
-        if ctx.stop_event.wait(args.test_interval):
+        if ctx.wait(args.test_interval):
             break
         model.load_state_dict(shared_model.state_dict())
         agent.reset()
     env.close()
 
 
-def test(args: argparse.Namespace, shared_model: nn.Module, ctx: ProcessContext) -> None:
+def test(
+    args: argparse.Namespace,
+    shared_model: nn.Module,
+    ctx: ProcessContext,
+    resume: dict | None = None,
+) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
-        run_test(args, shared_model, ctx)
+        os.nice(TEST_NICENESS)
+        run_test(args, shared_model, ctx, resume)

@@ -9,11 +9,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from environment import make_env
+from environment import load_normalizer_state, make_env, normalizer_state
 from model import A3Clstm, build_model
-from player_util import Agent
+from player_util import Agent, NonFiniteError
 from shared_optim import SharedAdam, SharedRMSprop
-from utils import ProcessContext, child_process, ensure_shared_grads, read_config, worker_device
+from utils import (
+    FatalRunError,
+    ProcessContext,
+    child_process,
+    ensure_shared_grads,
+    read_config,
+    worker_device,
+)
 
 
 @dataclass
@@ -104,14 +111,18 @@ class TrainStats:
         self.layer_norms = torch.zeros(len(self.layers), device=self.device)
 
     @torch.no_grad()
-    def add(self, terms: LossTerms, model: nn.Module) -> None:
-        """Record one update (call after backward, while the gradients are on `model`)."""
-        squares = torch.stack(
+    def grad_squares(self, model: nn.Module) -> torch.Tensor:
+        """Sum of squared gradient entries of each parameter (call after backward)."""
+        return torch.stack(
             [
                 p.grad.pow(2).sum() if p.grad is not None else torch.zeros((), device=self.device)
                 for p in model.parameters()
             ]
         )
+
+    @torch.no_grad()
+    def add(self, terms: LossTerms, squares: torch.Tensor) -> None:
+        """Record one update, given its `grad_squares`."""
         per_layer = torch.zeros_like(self.layer_norms).index_add_(0, self.layer_index, squares)
         self.updates += 1
         self.policy_loss += terms.policy_loss
@@ -135,6 +146,19 @@ class TrainStats:
             out[f"grad_norm/{layer}"] = norm / n
         self._reset()
         return out
+
+
+NONFINITE_LIMIT = 10
+"""Consecutive updates with a NaN or inf loss or gradient after which a worker gives up."""
+
+
+def update_is_finite(terms: LossTerms, squares: torch.Tensor) -> bool:
+    """The loss and every gradient entry are finite (one device sync).
+
+    A NaN or inf anywhere in a gradient makes its sum of squares NaN or inf, so checking
+    the sums (already computed for the statistics) and the loss is enough.
+    """
+    return bool(torch.isfinite(squares.sum() + terms.total.detach()).item())
 
 
 def step_size_for(rank: int, args: argparse.Namespace) -> int:
@@ -162,12 +186,17 @@ def run_worker(
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
     losses: list[float] | None = None,
+    normalizer: dict | None = None,
 ) -> None:
     """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
 
     Each rollout: copy the shared weights, play up to n steps (stopping at the end of an
     episode), compute the loss, backpropagate on the own copy, hand the gradients to the
     shared model and step the optimizer on it, without a lock.
+
+    An update whose policy, loss or gradients hold a NaN or inf is skipped (the shared model
+    never sees it), counted in ``ctx.skipped``, and the episode restarts; after `NONFINITE_LIMIT`
+    in a row the worker raises `FatalRunError` and the launcher stops the run.
 
     Args:
         rank: worker index; seeds with ``seed + rank`` and picks the GPU round-robin.
@@ -177,6 +206,7 @@ def run_worker(
             not shared) over the shared parameters.
         ctx: the stop event and step counter shared with the launcher.
         losses: if given, each update's total loss is appended (for tests).
+        normalizer: observation-normaliser statistics to continue from (a resumed run).
     """
     device = worker_device(args.gpu_ids[rank % len(args.gpu_ids)])
     seed = args.seed + rank
@@ -185,6 +215,7 @@ def run_worker(
         torch.cuda.manual_seed(seed)
     env = make_env(args.env, read_config(args.env_config), args)
     env.action_space.seed(seed)
+    load_normalizer_state(env, normalizer)
     if optimizer is None:
         optimizer = make_optimizer(shared_model.parameters(), args)
     model = build_model(env.observation_space, env.action_space, args).to(device)
@@ -197,6 +228,10 @@ def run_worker(
     on_gpu = device.type == "cuda"
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
+    nonfinite_in_a_row = 0
+
+    def send_report() -> None:
+        ctx.report("train", {**stats.flush(rank), "normalizer": normalizer_state(env)})
 
     while not ctx.should_stop():
         sync_weights(model, shared_model)
@@ -204,39 +239,57 @@ def run_worker(
             agent.reset()
         else:
             agent.detach_lstm()
-        # Fast path: act without autograd, then replay the rollout as one sequence (1.35x
-        # faster per Pong step on the 2-core CPU, same losses; see benchmarks/). Reference
+        # Fast path: act without autograd, recording the conv activations, then backpropagate
+        # the whole rollout at once (same losses and gradients; see benchmarks/). Reference
         # path (--no-fast-path): the original's forward with autograd at every step.
         act = agent.action_explore if args.fast_path else agent.action_train
-        for _ in range(num_steps):
-            act()
-            if agent.done:
-                break
-        if args.fast_path:
-            agent.replay_rollout()
+        finite = True
+        try:
+            for _ in range(num_steps):
+                act()
+                if agent.done:
+                    break
+        except NonFiniteError:
+            finite = False
         steps = len(agent.rewards)
-        terms = a3c_loss(
-            agent.values,
-            agent.log_probs,
-            agent.rewards,
-            agent.entropies,
-            agent.bootstrap_value(),
-            args,
-        )
-        model.zero_grad(set_to_none=True)
-        terms.total.backward()
-        stats.add(terms, model)
-        ensure_shared_grads(model, shared_model, gpu=on_gpu)
-        optimizer.step()
+        if finite:
+            if args.fast_path:
+                agent.replay_rollout()
+            terms = a3c_loss(
+                agent.values,
+                agent.log_probs,
+                agent.rewards,
+                agent.entropies,
+                agent.bootstrap_value(),
+                args,
+            )
+            model.zero_grad(set_to_none=True)
+            terms.total.backward()
+            squares = stats.grad_squares(model)
+            finite = update_is_finite(terms, squares)
         agent.clear_actions()
         ctx.add_steps(steps)
+        if not finite:
+            ctx.count_skipped()
+            nonfinite_in_a_row += 1
+            if nonfinite_in_a_row >= NONFINITE_LIMIT:
+                raise FatalRunError(
+                    f"{nonfinite_in_a_row} updates in a row had a NaN or inf policy, loss or "
+                    "gradient (none reached the shared model); lower --lr, or check the env's "
+                    "rewards and observations"
+                )
+            agent.done = True  # the LSTM state may hold the NaN too: start a new episode
+            continue
+        nonfinite_in_a_row = 0
+        stats.add(terms, squares)
+        ensure_shared_grads(model, shared_model, gpu=on_gpu)
+        optimizer.step()
         if losses is not None:
             losses.append(float(terms.total.item()))
         if time.monotonic() >= next_report:
-            ctx.report("train", stats.flush(rank))
+            send_report()
             next_report = time.monotonic() + REPORT_SECONDS
-    if stats.updates:
-        ctx.report("train", stats.flush(rank))
+    send_report()
     env.close()
 
 
@@ -246,7 +299,8 @@ def train(
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
+    normalizer: dict | None = None,
 ) -> None:
     """Process entry point of training worker `rank` (see `run_worker`)."""
     with child_process(f"Train Agent: {rank}", ctx):
-        run_worker(rank, args, shared_model, optimizer, ctx)
+        run_worker(rank, args, shared_model, optimizer, ctx, normalizer=normalizer)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import io
 import json
 import logging
 import math
@@ -15,10 +17,11 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import torch
 from torch import nn
@@ -29,6 +32,22 @@ CONFIG_KEYS = ("crop1", "crop2", "dimension2")
 
 class UsageError(ValueError):
     """Bad user input: the CLI prints the message as one line and exits with code 2."""
+
+
+class FatalRunError(RuntimeError):
+    """A child's error that restarting the child cannot fix; the launcher stops the run."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) and exit with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message>; see <prog> --help`` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+FATAL_EXIT = 3
+"""Exit code of a child that failed with `FatalRunError` or `UsageError` (not restarted)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,37 +281,40 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    """``torch.save`` `obj` to `path` with `write_atomic`."""
-    write_atomic(path, lambda f: torch.save(obj, f))
+    """``torch.save`` `obj` to `path` with `write_atomic`.
 
-
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load a ``.dat`` state_dict (ours or the original A3G's) into `model`.
-
-    Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
-
-    Raises:
-        UsageError: the file is missing, unreadable, not a state_dict, or saved for another
-            game (action count) or another ``--hidden-size``.
+    Serialises in memory first, so a failing disk raises the plain OSError (``No space left
+    on device``, ``File too large``) rather than torch's zip-writer error.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(
-            f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
-            f"the folder holding {path.name}"
-        )
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomic(path, lambda f: f.write(buffer.getbuffer()))
+
+
+def _torch_load(path: Path, what: str) -> Any:
+    """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # our one-line error says it all
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UsageError(
-            f"checkpoint {str(path)!r} holds pickled objects, not just tensors; refusing to "
-            "load it (it could run code): use a plain state_dict .dat"
+            f"{what} {str(path)!r} holds pickled objects, not just tensors; refusing to "
+            "load it (it could run code): use a file A3G wrote"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise UsageError(
-            f"checkpoint {str(path)!r} is truncated or not a PyTorch file ({err}); "
-            "use an intact .dat"
+            f"{what} {str(path)!r} is truncated or not a PyTorch file ({err}); use an intact file"
         ) from None
+
+
+def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str, torch.Tensor]:
+    """Make sure `state` is a state_dict that fits `model`; return it.
+
+    Raises:
+        UsageError: not a state_dict of tensors, or saved for another game (action count),
+            another ``--hidden-size`` or another network.
+    """
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise UsageError(f"checkpoint {str(path)!r} is not a state_dict of tensors")
     own = model.state_dict()
@@ -324,7 +346,45 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                 f"checkpoint {str(path)!r}: {key} has shape {tuple(value.shape)}, the model "
                 f"expects {tuple(own[key].shape)}: it was saved for another env or network"
             )
-    model.load_state_dict(state)
+    return state
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a ``.dat`` state_dict (ours or the original A3G's) into `model`.
+
+    Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
+
+    Raises:
+        UsageError: the file is missing, unreadable, not a state_dict, or saved for another
+            game (action count) or another ``--hidden-size``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(
+            f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
+            f"the folder holding {path.name}"
+        )
+    model.load_state_dict(check_state_dict(model, _torch_load(path, "checkpoint"), path))
+
+
+STATE_FORMAT = 1
+"""Version of the training-state file layout."""
+
+
+def load_training_state(path: str | Path) -> dict[str, Any]:
+    """Read a training-state file written by the launcher (``weights_only=True``).
+
+    Raises:
+        UsageError: unreadable, truncated, pickled objects, or not a training state.
+    """
+    path = Path(path)
+    state = _torch_load(path, "training state")
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise UsageError(
+            f"training state {str(path)!r} is not an A3G training-state file (format "
+            f"{STATE_FORMAT}); delete it to load the weights alone"
+        )
+    return state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,35 +394,53 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 @dataclass
 class ProcessContext:
-    """What the launcher shares with every child: stop signal, step counter, error channel.
+    """What the launcher shares with every child: stop signal, counters, report channels.
 
     Attributes:
         stop_event: set by the launcher when the run must end.
-        steps: total agent steps of all workers (a shared ``multiprocessing.Value``).
+        steps: total agent steps of all workers (a shared ``multiprocessing.Value``); a
+            resumed run starts it from the saved count.
+        skipped: updates skipped for a NaN or inf loss or gradient, all workers together.
         errors: children put ``(title, one-line cause, traceback)`` here before dying.
         reports: children put ``(kind, payload)`` summaries here for the launcher's monitor:
             ``("train", dict)`` from workers every few seconds, ``("test", dict)`` per game.
         max_steps: stop once `steps` reaches it (0 = no limit).
-        start_time: when the run started (``time.time()``), for elapsed time and frames/s.
+        start_time: when the run started (``time.time()``), earlier by the saved training
+            time in a resumed run, for elapsed time and frames/s.
+        parent_pid: the launcher's pid; a child whose parent changes was orphaned (the
+            launcher was killed) and stops by itself.
     """
 
     stop_event: Any
     steps: Any
+    skipped: Any
     errors: Any
     reports: Any
     max_steps: int = 0
     start_time: float = 0.0
+    parent_pid: int = 0
 
     @classmethod
-    def create(cls, mp_context: Any, max_steps: int = 0) -> ProcessContext:
-        """Make the shared objects from a multiprocessing context; the clock starts now."""
+    def create(
+        cls, mp_context: Any, max_steps: int = 0, steps: int = 0, elapsed: float = 0.0
+    ) -> ProcessContext:
+        """Make the shared objects from a multiprocessing context; the clock starts now.
+
+        Args:
+            mp_context: the multiprocessing context the children are started with.
+            max_steps: the step budget (0 = none).
+            steps: steps already taken (a resumed run).
+            elapsed: seconds already trained (a resumed run).
+        """
         return cls(
             mp_context.Event(),
+            mp_context.Value("q", steps),
             mp_context.Value("q", 0),
             mp_context.Queue(),
             mp_context.Queue(),
             max_steps,
-            time.time(),
+            time.time() - elapsed,
+            os.getpid(),
         )
 
     def report(self, kind: str, payload: dict[str, Any]) -> None:
@@ -378,13 +456,40 @@ class ProcessContext:
         with self.steps.get_lock():
             self.steps.value += n
 
+    def count_skipped(self) -> None:
+        """Count one update skipped for a non-finite loss or gradient."""
+        with self.skipped.get_lock():
+            self.skipped.value += 1
+
+    def total_skipped(self) -> int:
+        """Updates skipped by all workers so far."""
+        return int(self.skipped.value)
+
     def budget_reached(self) -> bool:
         """``--max-steps`` is set and reached."""
         return self.max_steps > 0 and self.total_steps() >= self.max_steps
 
+    def orphaned(self) -> bool:
+        """The launcher is gone (killed without its shutdown): this child must end too."""
+        return os.getpid() != self.parent_pid and os.getppid() != self.parent_pid
+
+    def stopping(self) -> bool:
+        """The launcher asked to stop, or it is gone."""
+        return self.stop_event.is_set() or self.orphaned()
+
     def should_stop(self) -> bool:
-        """The launcher asked to stop, or the step budget is spent."""
-        return self.stop_event.is_set() or self.budget_reached()
+        """`stopping`, or the step budget is spent (what a worker checks)."""
+        return self.stopping() or self.budget_reached()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, waking early to stop; True if the child must stop."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.stop_event.wait(min(left, 1.0))
+        return True
 
 
 @contextlib.contextmanager
@@ -394,7 +499,8 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
     One thread per process (with several processes per core, more threads only fight),
     SIGINT ignored (the launcher drives shutdown, so Ctrl-C prints no tracebacks from
     children), the process title set. An exception is sent to the launcher as one line plus
-    its traceback, and the process exits with code 1.
+    its traceback, and the process exits with code 1 (the launcher restarts it), or
+    `FATAL_EXIT` for a `FatalRunError` or `UsageError` (the launcher stops the run).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -410,7 +516,7 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
         ctx.errors.put((title, f"{type(err).__name__}: {err}", traceback.format_exc()))
         ctx.errors.close()
         ctx.errors.join_thread()
-        sys.exit(1)
+        sys.exit(FATAL_EXIT if isinstance(err, FatalRunError | UsageError) else 1)
 
 
 def worker_device(gpu_id: int) -> torch.device:
@@ -514,9 +620,11 @@ class RunMonitor:
         self.interval = args.status_interval
         self.rewards: list[float] = []
         self.best = -math.inf
+        self.test_totals: dict[str, float] = {}
+        self.normalizers: dict[str, Any] = {}
         self.train_window: list[dict[str, float]] = []
         self.last_tick = time.time()
-        self.last_steps = 0
+        self.last_steps = ctx.total_steps()
         self.fps = 0.0
         self.writer = None
         if args.tensorboard_logger:
@@ -549,12 +657,28 @@ class RunMonitor:
                 kind, payload = self.ctx.reports.get_nowait()
             except queue.Empty:
                 return
+            normalizer = payload.pop("normalizer", None)
             if kind == "test":
+                self.normalizers["test"] = normalizer
                 self._test_game(payload)
             elif kind == "train":
+                self.normalizers[str(payload["rank"])] = normalizer
                 self.train_window.append(payload)
 
+    def restore(self, rewards: list[float], normalizers: dict[str, Any]) -> None:
+        """Continue from a resumed run's test rewards and normaliser statistics."""
+        self.rewards = [float(r) for r in rewards]
+        self.best = max(self.rewards, default=-math.inf)
+        if self.rewards:
+            self.test_totals = {
+                "games": len(self.rewards),
+                "reward_total": sum(self.rewards),
+                "best": self.best,
+            }
+        self.normalizers = dict(normalizers)
+
     def _test_game(self, game: dict[str, float]) -> None:
+        self.test_totals = {k: game[k] for k in ("games", "reward_total", "best") if k in game}
         self.rewards.append(game["reward"])
         self.best = max(self.best, game["reward"])
         if self.writer is not None:
@@ -609,9 +733,11 @@ class RunMonitor:
             )
         else:
             test = "no test game finished yet"
+        skipped = self.ctx.total_skipped()
+        skipped_text = f" | {skipped} non-finite updates skipped" if skipped else ""
         return (
             f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
-            f"{self.fps:,.0f} frames/s | {test}"
+            f"{self.fps:,.0f} frames/s | {test}{skipped_text}"
         )
 
     def close(self, stop_reason: str, exit_code: int) -> None:
@@ -628,6 +754,7 @@ class RunMonitor:
             "test_games": len(self.rewards),
             "best_test_reward": None if not self.rewards else self.best,
             "test_reward_mean_100": None if not self.rewards else self.mean_100,
+            "skipped_updates": self.ctx.total_skipped(),
             "stop_reason": stop_reason,
             "exit_code": exit_code,
         }

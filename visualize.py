@@ -19,7 +19,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils import UsageError, env_config, env_file_stem, read_config
+from utils import OneLineParser, UsageError, env_config, env_file_stem, read_config
 
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
@@ -275,7 +275,7 @@ def results_table(paths: list[str | Path]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """``curve``, ``view`` and ``table`` subcommands."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     curve = sub.add_parser("curve", help="PNG of test reward vs frames and wall time from a log")
     curve.add_argument("log", help="a training log, <log-dir><env>_log (a run still going is ok)")

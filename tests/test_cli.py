@@ -90,9 +90,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, message):
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
-def test_unknown_optimizer_is_rejected_by_argparse(tmp_path):
+def test_unknown_optimizer_is_rejected_by_argparse_in_one_line(tmp_path):
     result = run_cli("main.py", "--optimizer", "SGD", timeout=60)
     assert result.returncode == 2 and "invalid choice: 'SGD'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_help_explains_every_flag():
@@ -154,7 +155,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
         *folders(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "loaded weights from" in result.stderr
+    assert "resumed from" in result.stderr  # the first run left its training state
     result = run_cli(
         "main.py", "--env", PONG, "--hidden-size", "64", "--load",
         "--load-model-dir", str(tmp_path / "models"), timeout=120,
@@ -218,35 +219,6 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
     assert wait_group_gone(proc.pid) == []
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert not list((tmp_path / "models").glob(".*.tmp"))  # no half-written file left
-
-
-@pytest.mark.slow
-def test_a_dead_worker_stops_the_run_cleanly(tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, "main.py", *PONG_FLAGS, "--workers", "2", *folders(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            for pid in group_alive(proc.pid):
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"Train Agent: 1" in cmdline:
-                    victim = pid
-            time.sleep(0.2)
-        assert victim is not None, "worker 1 never showed its process title"
-        time.sleep(3)
-        os.kill(victim, signal.SIGKILL)
-        _, stderr = proc.communicate(timeout=40)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1
-    assert f"Train Agent: 1 (pid {victim}) died: killed by SIGKILL" in stderr
-    assert wait_group_gone(proc.pid) == []
-    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
 
 
 # -- learning ----------------------------------------------------------------------------------

@@ -149,3 +149,36 @@ def test_agent_runs_on_gpu():
     agent.action_train().action_train()
     assert agent.values[0].device.type == "cuda" and agent.hx.device.type == "cuda"
     agent.action_test()
+
+
+def test_fast_path_tape_buffers_are_reused_across_rollouts():
+    """Acting records into buffers kept across rollouts; a new buffer per rollout is slow."""
+    import gymnasium as gym
+
+    from model import A3Clstm
+
+    torch.manual_seed(0)
+    model = A3Clstm(1, gym.spaces.Discrete(3), make_args(hidden_size=16)).use_channels_last()
+
+    class Frames(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (1, 80, 80), np.float32)
+        action_space = gym.spaces.Discrete(3)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros((1, 80, 80), np.float32), {}
+
+        def step(self, action):
+            return np.random.rand(1, 80, 80).astype(np.float32), 0.0, False, False, {}
+
+    agent = Agent(model, Frames())
+    agent.reset()
+    pointers = []
+    for _ in range(3):
+        for _ in range(5):
+            agent.action_explore()
+        agent.replay_rollout()
+        pointers.append(agent.tape.get("relu0").data_ptr())
+        assert len(agent.tape) == 5
+        agent.clear_actions()
+        assert len(agent.tape) == 0
+    assert pointers[0] == pointers[1] == pointers[2]

@@ -1,0 +1,455 @@
+"""Reliability: resume, crashed workers, NaN updates, failed saves, a killed launcher, bad input.
+
+Each test kills, corrupts or feeds bad input for real, through the real code or CLI.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import train
+from environment import load_normalizer_state, make_env, normalizer_state
+from main import Launcher, parse_args
+from model import A3Clstm, build_model
+from tests.conftest import ROOT, make_args
+from tests.test_cli import (
+    PONG,
+    PONG_FLAGS,
+    folders,
+    group_alive,
+    load_pong_dat,
+    run_cli,
+    wait_group_gone,
+)
+from utils import FatalRunError, ProcessContext, load_training_state, read_config
+
+CONFIG = str(ROOT / "config.json")
+
+
+# -- normaliser statistics -------------------------------------------------------------------------
+
+
+def test_frame_normaliser_statistics_round_trip():
+    args = make_args(env=PONG)
+    env = make_env(PONG, read_config(CONFIG), args)
+    env.reset(seed=0)
+    for _ in range(20):
+        env.step(0)
+    saved = normalizer_state(env)
+    assert saved["kind"] == "frames" and saved["num_steps"] > 20
+    fresh = make_env(PONG, read_config(CONFIG), args)
+    assert load_normalizer_state(fresh, saved)
+    assert normalizer_state(fresh) == saved
+    env.close()
+    fresh.close()
+
+
+def test_vector_normaliser_statistics_round_trip(tmp_path):
+    args = make_args(env="CartPole-v1", vector_obs_norm=True)
+    env = make_env("CartPole-v1", read_config(CONFIG), args)
+    env.reset(seed=0)
+    for _ in range(10):
+        env.step(0)
+    saved = normalizer_state(env)
+    torch.save(saved, tmp_path / "n.pt")
+    loaded = torch.load(tmp_path / "n.pt", weights_only=True)
+    fresh = make_env("CartPole-v1", read_config(CONFIG), args)
+    assert load_normalizer_state(fresh, loaded)
+    assert normalizer_state(fresh) == saved
+    plain = make_env("CartPole-v1", read_config(CONFIG), make_args(env="CartPole-v1"))
+    assert normalizer_state(plain) is None and not load_normalizer_state(plain, saved)
+
+
+# -- NaN and inf never reach the shared model ------------------------------------------------------
+
+
+class PoisonObservations(gym.ObservationWrapper):
+    """Observations turn to NaN on the steps `poisoned` says (a broken env, for real)."""
+
+    def __init__(self, env: gym.Env, poisoned):
+        super().__init__(env)
+        self.poisoned = poisoned
+        self.t = 0
+
+    def observation(self, observation):
+        self.t += 1
+        if self.poisoned(self.t):
+            return np.full_like(observation, np.nan)
+        return observation
+
+
+def run_poisoned_worker(monkeypatch, poisoned, max_steps: int):
+    real_make_env = train.make_env
+    monkeypatch.setattr(
+        train, "make_env", lambda *a, **k: PoisonObservations(real_make_env(*a, **k), poisoned)
+    )
+    args = make_args(env="CartPole-v1", hidden_size=16, num_steps=5, env_config=CONFIG)
+    env = make_env(args.env, read_config(CONFIG), args)
+    torch.manual_seed(0)
+    shared = build_model(env.observation_space, env.action_space, args)
+    before = [p.detach().clone() for p in shared.parameters()]
+    ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=max_steps)
+    losses: list[float] = []
+    error = None
+    try:
+        train.run_worker(0, args, shared, None, ctx, losses)
+    except FatalRunError as err:
+        error = err
+    return shared, before, ctx, losses, error
+
+
+def test_a_nan_update_is_skipped_and_training_goes_on(monkeypatch):
+    shared, before, ctx, losses, error = run_poisoned_worker(
+        monkeypatch, lambda t: t in (3, 40, 80), max_steps=200
+    )
+    assert error is None
+    # A poisoned observation that ends an episode is never fed to the network.
+    assert 1 <= ctx.total_skipped() <= 3
+    assert len(losses) >= 20 and all(math.isfinite(x) for x in losses)
+    assert all(torch.isfinite(p).all() for p in shared.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
+
+
+def test_nan_that_keeps_coming_stops_with_a_clear_error_and_untouched_weights(monkeypatch):
+    shared, before, ctx, losses, error = run_poisoned_worker(
+        monkeypatch, lambda t: True, max_steps=10_000
+    )
+    assert isinstance(error, FatalRunError)
+    assert "10 updates in a row had a NaN or inf policy, loss or gradient" in str(error)
+    assert ctx.total_skipped() == train.NONFINITE_LIMIT and losses == []
+    assert all(torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
+
+
+# -- resume: the values after resume equal the values saved ----------------------------------------
+
+
+PONG_SMALL = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0"]
+
+
+@pytest.mark.slow
+def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_tensorboard(
+    tmp_path,
+):
+    flags = [*PONG_SMALL, "--tensorboard-logger", *folders(tmp_path)]
+    result = run_cli("main.py", *flags, "--max-steps", "300", timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state_path = tmp_path / "models" / f"{PONG}_state.pt"
+    saved = load_training_state(state_path)
+    assert saved["steps"] >= 300 and saved["optimizer"]["state"]
+    assert saved["normalizers"]["0"]["num_steps"] > 0 and saved["test_rewards"]
+    log_path = tmp_path / "logs" / f"{PONG}_log"
+    first_log = log_path.read_text()
+
+    # In process: the launcher built for --load holds exactly what was saved.
+    load_flags = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
+    launcher = Launcher(parse_args([*load_flags, "--max-steps", "600"]))
+    try:
+        assert launcher.ctx.total_steps() == saved["steps"]
+        assert abs(time.time() - launcher.ctx.start_time - saved["elapsed"]) < 5
+        for key, value in saved["model"].items():
+            assert torch.equal(launcher.shared_model.state_dict()[key], value)
+        restored = launcher.optimizer.state_dict()["state"]
+        for index, entry in saved["optimizer"]["state"].items():
+            for name, value in entry.items():
+                assert torch.equal(restored[index][name], value), (index, name)
+        assert launcher.monitor.rewards == saved["test_rewards"]
+        assert launcher.args.tensorboard_dir == saved["tensorboard_dir"]
+        worker_args = launcher.specs["Train Agent: 0"][1]
+        assert worker_args[-1] == saved["normalizers"]["0"]
+        test_args = launcher.specs["Test Agent"][1][-1]
+        assert test_args["games"] == saved["test"]["games"]
+        assert test_args["normalizer"] == saved["normalizers"]["test"]
+    finally:
+        if launcher.monitor.writer is not None:
+            launcher.monitor.writer.close()
+
+    # Through the CLI: counters continue, the log grows, TensorBoard writes to the same run.
+    runs_before = {p.name for p in (tmp_path / "logs" / "runs").iterdir()}
+    result = run_cli("main.py", *load_flags, "--max-steps", "900", timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from {state_path}" in result.stderr
+    assert {p.name for p in (tmp_path / "logs" / "runs").iterdir()} == runs_before
+    log = log_path.read_text()
+    assert log.startswith(first_log) and len(log) > len(first_log)
+    again = load_training_state(state_path)
+    assert again["steps"] >= 900
+    step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
+    saved_counts = [int(e["step"]) for e in saved["optimizer"]["state"].values()]
+    assert all(a > b for a, b in zip(step_counts, saved_counts, strict=True))
+    assert len(again["test_rewards"]) > len(saved["test_rewards"])
+
+
+@pytest.mark.slow
+def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_path):
+    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32))
+    (tmp_path / "in").mkdir()
+    torch.save(model.state_dict(), tmp_path / "in" / f"{PONG}.dat")
+    result = run_cli(
+        "main.py", *PONG_SMALL, "--max-steps", "40", "--load",
+        "--load-model-dir", str(tmp_path / "in"), *folders(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "loaded the weights alone from" in result.stderr
+    assert "no training state" in result.stderr
+
+
+# -- a killed launcher -----------------------------------------------------------------------------
+
+
+def wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def start_run(tmp_path: Path, *flags: str, preexec_fn=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "main.py", *flags, *folders(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=preexec_fn,
+    )  # fmt: skip
+
+
+def process_with_title(pgid: int, title: bytes) -> int | None:
+    for pid in group_alive(pgid):
+        try:
+            if title in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
+    state_path = tmp_path / "models" / f"{PONG}_state.pt"
+    proc = start_run(tmp_path, *PONG_FLAGS, "--workers", "2", "--state-interval", "1")
+    try:
+        wait_for(lambda: state_path.exists(), 90, "the first training-state file")
+        wait_for(lambda: load_training_state(state_path)["steps"] > 0, 60, "counted steps")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        # The children notice their parent is gone and stop by themselves.
+        assert wait_group_gone(proc.pid, seconds=20) == []
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    saved = load_training_state(state_path)
+    result = run_cli(
+        "main.py", *PONG_FLAGS, "--workers", "1", "--load",
+        "--load-model-dir", str(tmp_path / "models"), "--max-steps", str(saved["steps"] + 100),
+        *folders(tmp_path), timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from {state_path}: step {saved['steps']:,}" in result.stderr
+    assert load_training_state(state_path)["steps"] >= saved["steps"] + 100
+
+
+# -- crashed workers -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_the_run_finishes(tmp_path):
+    proc = start_run(
+        tmp_path, *PONG_FLAGS, "--workers", "2", "--max-steps", "1500", "--test-interval", "0"
+    )
+    try:
+        wait_for(lambda: process_with_title(proc.pid, b"Train Agent: 1"), 60, "worker 1")
+        victim = process_with_title(proc.pid, b"Train Agent: 1")
+        time.sleep(2)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert (
+        f"Train Agent: 1 (pid {victim}) died: killed by SIGKILL; no error report "
+        "(it died without raising); restarting it with the latest weights"
+    ) in stderr
+    assert "--max-steps 1500 reached" in stderr
+    assert wait_group_gone(proc.pid) == []
+    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_dying_stops_the_run_with_files_saved(tmp_path):
+    proc = start_run(tmp_path, *PONG_FLAGS, "--workers", "2")
+    killed = []
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            victim = process_with_title(proc.pid, b"Train Agent: 0")
+            if victim is not None and victim not in killed:
+                time.sleep(0.5)
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+            time.sleep(0.1)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, stderr[-2000:]
+    assert len(killed) == 4
+    assert "died 4 times in 10 minutes, so the run stops" in stderr
+    assert stderr.count("restarting it with the latest weights") == 3
+    assert wait_group_gone(proc.pid) == []
+    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+    assert load_training_state(tmp_path / "models" / f"{PONG}_state.pt")["steps"] > 0
+
+
+# -- a failed save ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_failed_save_keeps_the_previous_file_and_training_goes_on(tmp_path):
+    """Files may not grow past 10 MiB (RLIMIT_FSIZE: EFBIG, as on a full disk).
+
+    The shared-memory tensors (8 MiB at most) still fit; the 13 MB .dat and the training state
+    do not.
+    """
+    (tmp_path / "models").mkdir()
+    dat = tmp_path / "models" / f"{PONG}.dat"
+    dat.write_bytes(b"previous checkpoint")
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, 10 << 20))
+
+    proc = start_run(
+        tmp_path, "--env", PONG, "--max-episode-length", "60", "--workers", "1",
+        "--max-steps", "300", "--test-interval", "0", preexec_fn=limit_file_size,
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert f"could not save {dat}" in stderr and "the previous file is kept" in stderr
+    assert "could not save the training state" in stderr
+    assert "--max-steps 300 reached" in stderr
+    assert dat.read_bytes() == b"previous checkpoint"
+    assert not list((tmp_path / "models").glob(".*.tmp"))
+
+
+# -- bad input, through the CLI: one line, exit 2, nothing overwritten -----------------------------
+
+
+class RunsCode:
+    """A pickled object that would create a file when unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def bad_dat_files(folder: Path) -> dict[str, tuple[str, str]]:
+    """Make each bad checkpoint in its own folder: name -> (folder, expected message)."""
+    good = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32)).state_dict()
+    out = {}
+
+    def place(name: str, write, message: str) -> None:
+        sub = folder / name
+        sub.mkdir(parents=True)
+        write(sub / f"{PONG}.dat")
+        out[name] = (str(sub), message)
+
+    def truncated(path: Path) -> None:
+        torch.save(good, path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    place("truncated", truncated, "is truncated or not a PyTorch file")
+    breakout = A3Clstm(1, gym.spaces.Discrete(4), make_args(hidden_size=32)).state_dict()
+    place("other-game", lambda p: torch.save(breakout, p), "saved for a game with 4 actions")
+    bigger = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=64)).state_dict()
+    place("other-hidden", lambda p: torch.save(bigger, p), "saved with --hidden-size 64")
+    marker = folder / "code-ran"
+    place(
+        "pickled-object",
+        lambda p: p.write_bytes(pickle.dumps({"x": RunsCode(marker)})),
+        "holds pickled objects",
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
+    (tmp_path / "models").mkdir()
+    sentinel = tmp_path / "models" / f"{PONG}.dat"
+    sentinel.write_bytes(b"keep me")
+    bad_config = tmp_path / "bad.json"
+    bad_config.write_text('{"Default": {"crop1": 34,')
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases: list[tuple[list[str], str]] = [
+        (["--workers", "-2"], "--workers must be at least 1, got -2"),
+        (["--num-steps", "0"], "--num-steps must be at least 1, got 0"),
+        (["--lr", "-0.1"], "--lr must be a positive number, got -0.1"),
+        (["--gamma", "0"], "--gamma must be in (0, 1], got 0.0"),
+        (["--tau", "1.01"], "--tau must be in (0, 1], got 1.01"),
+        (["--optimizer", "SGD"], "invalid choice: 'SGD'"),
+        (["--env", "../../etc/passwd"], "unknown env id '../../etc/passwd'"),
+        (["--env", "/tmp/Pong"], "unknown env id '/tmp/Pong'"),
+        (["--env", "Pongg"], "did you mean Pong-v4"),
+        (["--save-model-dir", str(a_file / "sub")], "--save-model-dir"),
+        (["--log-dir", str(a_file / "sub")], "--log-dir"),
+        (["--env-config", str(bad_config)], str(bad_config)),
+        (["--gpu-ids", "7"], "--gpu-ids 7"),
+    ]
+    for folder, message in bad_dat_files(tmp_path / "dats").values():
+        cases.append((["--hidden-size", "32", "--load", "--load-model-dir", folder], message))
+    for flags, message in cases:
+        base = ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+        result = run_cli("main.py", *base, *flags, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (flags, result.stderr[-1500:])
+        assert len(lines) == 1 and lines[0].startswith("main.py: error: "), (flags, lines)
+        assert message in lines[0], (flags, lines[0])
+    assert sentinel.read_bytes() == b"keep me"
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [sentinel.name]
+    assert not (tmp_path / "dats" / "code-ran").exists()  # the pickled object never ran
+
+
+@pytest.mark.slow
+def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
+    good = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32)).state_dict()
+    cases = {
+        "truncated": (b"PK\x03\x04 half a file", "is truncated or not a PyTorch file"),
+        "not-a-state": (None, "is not an A3G training-state file"),
+        "other-env": (None, "is for --env BreakoutNoFrameskip-v4, not PongNoFrameskip-v4"),
+    }
+    for name, (raw, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        torch.save(good, folder / f"{PONG}.dat")
+        path = folder / f"{PONG}_state.pt"
+        if raw is not None:
+            path.write_bytes(raw)
+        elif name == "not-a-state":
+            torch.save(good, path)
+        else:
+            torch.save({"format": 1, "config": {"env": "BreakoutNoFrameskip-v4"}}, path)
+        result = run_cli(
+            "main.py", "--env", PONG, "--hidden-size", "32", "--load", "--load-model-dir",
+            str(folder), *folders(tmp_path), timeout=120,
+        )  # fmt: skip
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, (name, result.stderr[-1500:])
+        assert message in lines[0], (name, lines[0])
