@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fast-path",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="act without autograd and replay each rollout as one sequence (channels_last "
-        "convs, fused LSTM); --no-fast-path computes the original's way",
+        help="act without autograd in channels_last, recording the conv activations, then "
+        "backpropagate the rollout at once with the fused LSTM op (same losses and gradients); "
+        "--no-fast-path computes the original's way",
     )
     p.add_argument(
         "--state-interval",
@@ -329,6 +330,7 @@ class Launcher:
             self.ctx,
             self.log,
             checkpoint_path(args.log_dir, args.env, "_run.json"),
+            resumed_from=self.resumed.get("path"),
         )
         if self.resumed:
             self.monitor.restore(
@@ -361,6 +363,13 @@ class Launcher:
                 f"training state {str(state_path)!r} is for --env {saved_env}, not {args.env}; "
                 "pass the same --env, or another --load-model-dir"
             )
+        saved = state.get("config", {})
+        for flag, key in (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad")):
+            if self.optimizer is not None and key in saved and saved[key] != getattr(args, key):
+                raise UsageError(
+                    f"training state {str(state_path)!r} was saved with {flag} {saved[key]}, "
+                    f"this run has {getattr(args, key)}: resume with the same {flag}"
+                )
         self.shared_model.load_state_dict(
             check_state_dict(self.shared_model, state.get("model"), state_path)
         )
@@ -380,7 +389,7 @@ class Launcher:
             f"{len(state.get('test_rewards', []))} test games"
             + ("" if self.optimizer is None else ", optimizer statistics restored")
         )
-        return state
+        return {**state, "path": str(state_path)}
 
     def save_state(self) -> None:
         """Write the training-state file atomically; a failure is logged and the old file kept."""

@@ -204,8 +204,10 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
     re-applied it: CPU training could not learn.
 
     On CPU the shared parameter simply references the worker's new gradient tensor (no copy;
-    ``.grad`` is per process, so workers never see each other's). From a GPU the gradients
-    are copied into a CPU buffer kept on the shared parameter and reused across updates.
+    ``.grad`` is per process, so workers never see each other's). From a GPU each gradient
+    leaves with one non-blocking copy into a pinned CPU buffer kept on the shared parameter
+    and reused across updates; the copies are queued back to back and the stream is
+    synchronised once, before returning, so the optimizer never reads a buffer in flight.
 
     Args:
         model: the worker's model, after ``backward()``.
@@ -219,9 +221,13 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
         elif not gpu:
             shared_param.grad = grad
         else:
-            if shared_param.grad is None or shared_param.grad.shape != grad.shape:
-                shared_param.grad = torch.empty_like(shared_param)
-            shared_param.grad.copy_(grad)
+            buffer = shared_param.grad
+            if buffer is None or buffer.shape != grad.shape or not buffer.is_pinned():
+                buffer = torch.empty(shared_param.shape, dtype=grad.dtype, pin_memory=True)
+                shared_param.grad = buffer
+            buffer.copy_(grad, non_blocking=True)
+    if gpu:
+        torch.cuda.current_stream(next(model.parameters()).device).synchronize()
 
 
 def format_elapsed(seconds: float) -> str:
@@ -609,8 +615,13 @@ class RunMonitor:
         ctx: ProcessContext,
         log: logging.Logger,
         record_path: Path,
+        resumed_from: str | None = None,
     ):
-        """Open the TensorBoard run (with the model graph) and write the run record."""
+        """Open the TensorBoard run (with the model graph) and write the run record.
+
+        A resumed run (`resumed_from` names the training-state file) keeps the records of the
+        runs before it under ``previous_runs``.
+        """
         self.args = args
         self.model = model
         self.frames_per_step = frames_per_step
@@ -641,8 +652,14 @@ class RunMonitor:
             "versions": versions(),
             "hardware": hardware(args.gpu_ids),
             "git_commit": git_commit(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ctx.start_time)),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+        if resumed_from is not None:
+            self.record["resumed_from"] = resumed_from
+            with contextlib.suppress(OSError, ValueError):
+                previous = json.loads(Path(record_path).read_text())
+                history = previous.pop("previous_runs", [])
+                self.record["previous_runs"] = [*history, previous]
         write_json_atomic(self.record, record_path)
 
     @property

@@ -112,17 +112,17 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
         "main.py",
         *PONG_FLAGS,
         "--workers", "2",
-        "--max-steps", "600",
+        "--max-steps", "2000",
         "--test-interval", "0",
         "--tensorboard-logger",
         *folders(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert "--max-steps 600 reached" in result.stderr
+    assert "--max-steps 2000 reached" in result.stderr
 
     log = (tmp_path / "logs" / f"{PONG}_log").read_text()
-    assert "workers: 2" in log and "max_steps: 600" in log  # every argument logged
+    assert "workers: 2" in log and "max_steps: 2000" in log  # every argument logged
     assert "episode reward" in log and "reward mean" in log and "frames/s" in log
     model = load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -5,6 +5,7 @@ Each test kills, corrupts or feeds bad input for real, through the real code or 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -190,7 +191,11 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
     saved_counts = [int(e["step"]) for e in saved["optimizer"]["state"].values()]
     assert all(a > b for a, b in zip(step_counts, saved_counts, strict=True))
-    assert len(again["test_rewards"]) > len(saved["test_rewards"])
+    assert again["test_rewards"][: len(saved["test_rewards"])] == saved["test_rewards"]
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["resumed_from"] == str(state_path)
+    assert len(record["previous_runs"]) == 2  # the first run, and the in-process launcher
+    assert record["previous_runs"][0]["finished"]["steps"] >= 300
 
 
 @pytest.mark.slow
@@ -313,6 +318,33 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_files_saved(tmp_path):
     assert load_training_state(tmp_path / "models" / f"{PONG}_state.pt")["steps"] > 0
 
 
+def _exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+@pytest.mark.parametrize(("code", "restarted"), [(1, True), (3, False)])
+def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(tmp_path, code, restarted):
+    """Exit code 1 (a crash) is restarted; FATAL_EXIT (bad config, NaN that keeps coming) is not."""
+    from utils import FATAL_EXIT
+
+    assert FATAL_EXIT == 3
+    launcher = Launcher(parse_args([*PONG_SMALL, *folders(tmp_path)]))
+    dead = launcher.mp.Process(target=_exit_with, args=(code,))
+    dead.start()
+    dead.join()
+    # What a restart would run: a child that exits at once, instead of a real worker.
+    launcher.child_specs = lambda *_: {"Train Agent: 0": (_exit_with, (0,))}
+    assert launcher._handle_death("Train Agent: 0", dead) is restarted
+    assert launcher.failed is not restarted
+    if restarted:
+        launcher.processes["Train Agent: 0"].join(30)
+        assert launcher.processes["Train Agent: 0"].exitcode == 0
+    else:
+        assert f"exit code {FATAL_EXIT}" in launcher.stop_reason
+    if launcher.monitor.writer is not None:
+        launcher.monitor.writer.close()
+
+
 # -- a failed save ---------------------------------------------------------------------------------
 
 
@@ -411,7 +443,7 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp
         (["--save-model-dir", str(a_file / "sub")], "--save-model-dir"),
         (["--log-dir", str(a_file / "sub")], "--log-dir"),
         (["--env-config", str(bad_config)], str(bad_config)),
-        (["--gpu-ids", "7"], "--gpu-ids 7"),
+        (["--gpu-ids", "7"], "--gpu-ids"),
     ]
     for folder, message in bad_dat_files(tmp_path / "dats").values():
         cases.append((["--hidden-size", "32", "--load", "--load-model-dir", folder], message))
@@ -434,6 +466,7 @@ def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
         "truncated": (b"PK\x03\x04 half a file", "is truncated or not a PyTorch file"),
         "not-a-state": (None, "is not an A3G training-state file"),
         "other-env": (None, "is for --env BreakoutNoFrameskip-v4, not PongNoFrameskip-v4"),
+        "other-optimizer": (None, "was saved with --optimizer RMSprop, this run has Adam"),
     }
     for name, (raw, message) in cases.items():
         folder = tmp_path / name
@@ -444,8 +477,10 @@ def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
             path.write_bytes(raw)
         elif name == "not-a-state":
             torch.save(good, path)
-        else:
+        elif name == "other-env":
             torch.save({"format": 1, "config": {"env": "BreakoutNoFrameskip-v4"}}, path)
+        else:
+            torch.save({"format": 1, "config": {"env": PONG, "optimizer": "RMSprop"}}, path)
         result = run_cli(
             "main.py", "--env", PONG, "--hidden-size", "32", "--load", "--load-model-dir",
             str(folder), *folders(tmp_path), timeout=120,

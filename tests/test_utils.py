@@ -162,8 +162,8 @@ def test_hand_off_from_gpu_copies_every_update():
     second = _backward(local, 2)
     ensure_shared_grads(local, shared, gpu=True)
     for p, b, g1, g2 in zip(shared.parameters(), buffers, first, second, strict=True):
-        assert p.grad.device.type == "cpu"
-        assert p.grad is b  # the CPU buffer is reused
+        assert p.grad.device.type == "cpu" and p.grad.is_pinned()
+        assert p.grad is b  # the pinned CPU buffer is reused
         assert torch.equal(p.grad, g2.cpu()) and not torch.equal(p.grad, g1.cpu())
 
 
