@@ -140,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the test process waits between evaluation games",
     )
     p.add_argument(
+        "--test-niceness",
+        type=int,
+        default=10,
+        help="scheduling niceness of the test process (0-19): with every core busy, higher "
+        "leaves more CPU to the workers and plays test games more slowly; 0 when test games "
+        "must keep up (e.g. --save-max with a short --test-interval)",
+    )
+    p.add_argument(
         "--status-interval",
         type=float,
         default=20.0,
@@ -195,6 +203,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {args.max_steps}")
     if not (math.isfinite(args.test_interval) and args.test_interval >= 0):
         raise UsageError(f"--test-interval must be 0 or more seconds, got {args.test_interval}")
+    if not 0 <= args.test_niceness <= 19:
+        raise UsageError(f"--test-niceness must be in 0..19, got {args.test_niceness}")
     for size in args.distributed_step_size:
         if size < 1:
             raise UsageError(f"--distributed-step-size values must be at least 1, got {size}")

@@ -41,6 +41,9 @@ class Agent:
         raw_reward: the last step's reward as the game gave it.
         eps_len: steps since the episode (life) began.
         values, log_probs, rewards, entropies: the rollout since `clear_actions`.
+        tape, explored_actions, rollout_start: what the fast path's `action_explore`
+            records for `replay_rollout` (the encoder's activations, the actions, and the
+            LSTM state the rollout started from).
     """
 
     def __init__(

@@ -25,10 +25,6 @@ from utils import (
     worker_device,
 )
 
-TEST_NICENESS = 10
-"""The evaluation process runs at this lower scheduling priority (``os.nice``), so that while
-the training workers keep every core busy it takes what they leave instead of a fair share."""
-
 
 def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A CPU copy of the weights, as saved in ``.dat`` files."""
@@ -138,5 +134,7 @@ def test(
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
-        os.nice(TEST_NICENESS)
+        # Lower priority (--test-niceness, 10 by default): while the workers keep every core
+        # busy, the test process takes what they leave instead of a fair share.
+        os.nice(args.test_niceness)
         run_test(args, shared_model, ctx, resume)

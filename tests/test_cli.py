@@ -73,6 +73,7 @@ def load_pong_dat(path: Path, hidden: int = 32) -> A3Clstm:
         (["--lr", "0"], "--lr must be a positive number, got 0.0"),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
         (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
+        (["--test-niceness", "20"], "--test-niceness must be in 0..19, got 20"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
         (["--gpu-ids", "0"], "CUDA is not available"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
@@ -237,6 +238,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path):
         "--reward-scale", "0.1",
         "--tau", "0.95",
         "--test-interval", "0.5",
+        "--test-niceness", "0",  # --save-max picks the best of many test games: keep up
         "--save-max",
         *folders(tmp_path),
         timeout=600,
