@@ -327,6 +327,7 @@ class Launcher:
             steps=int(self.resumed.get("steps", 0)),
             elapsed=float(self.resumed.get("elapsed", 0.0)),
         )
+        self.ctx.skipped.value = int(self.resumed.get("skipped_updates", 0))
         self.processes: dict[str, mp.process.BaseProcess] = {}
         self.deaths: dict[str, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}
@@ -367,13 +368,12 @@ class Launcher:
             )
             return {}
         state = load_training_state(state_path)
-        saved_env = state.get("config", {}).get("env")
-        if saved_env != args.env:
-            raise UsageError(
-                f"training state {str(state_path)!r} is for --env {saved_env}, not {args.env}; "
-                "pass the same --env, or another --load-model-dir"
-            )
         saved = state.get("config", {})
+        if saved.get("env") != args.env:
+            raise UsageError(
+                f"training state {str(state_path)!r} is for --env {saved.get('env')}, not "
+                f"{args.env}; pass the same --env, or another --load-model-dir"
+            )
         for flag, key in (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad")):
             if self.optimizer is not None and key in saved and saved[key] != getattr(args, key):
                 raise UsageError(
@@ -394,8 +394,8 @@ class Launcher:
         if state.get("tensorboard_dir"):
             args.tensorboard_dir = state["tensorboard_dir"]
         self.log.info(
-            f"resumed from {state_path}: step {state['steps']:,}, "
-            f"{format_elapsed(state['elapsed'])} trained, "
+            f"resumed from {state_path}: step {state.get('steps', 0):,}, "
+            f"{format_elapsed(state.get('elapsed', 0.0))} trained, "
             f"{len(state.get('test_rewards', []))} test games"
             + ("" if self.optimizer is None else ", optimizer statistics restored")
         )

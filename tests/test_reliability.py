@@ -160,6 +160,7 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     launcher = Launcher(parse_args([*load_flags, "--max-steps", "600"]))
     try:
         assert launcher.ctx.total_steps() == saved["steps"]
+        assert launcher.ctx.total_skipped() == saved["skipped_updates"]
         assert abs(time.time() - launcher.ctx.start_time - saved["elapsed"]) < 5
         for key, value in saved["model"].items():
             assert torch.equal(launcher.shared_model.state_dict()[key], value)
