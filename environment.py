@@ -397,13 +397,18 @@ def was_real_done(env: gym.Env) -> bool:
         return True
 
 
-def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
-    """The env's `NormalizedEnv` wrapper, if it has one."""
+def find_wrapper(env: gym.Env, kind: type[gym.Wrapper]) -> Any:
+    """The outermost wrapper of type `kind` around `env`, if there is one."""
     while isinstance(env, gym.Wrapper):
-        if isinstance(env, NormalizedEnv):
+        if isinstance(env, kind):
             return env
         env = env.env
     return None
+
+
+def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
+    """The env's `NormalizedEnv` wrapper, if it has one."""
+    return find_wrapper(env, NormalizedEnv)
 
 
 def normalizer_state(env: gym.Env) -> dict[str, Any] | None:
@@ -416,17 +421,16 @@ def normalizer_state(env: gym.Env) -> dict[str, Any] | None:
     norm = find_normalizer(env)
     if norm is not None:
         return {"kind": "frames", **norm.state_dict()}
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, gym.wrappers.NormalizeObservation):
-            rms = env.obs_rms
-            return {
-                "kind": "vector",
-                "mean": np.asarray(rms.mean, dtype=np.float64).tolist(),
-                "var": np.asarray(rms.var, dtype=np.float64).tolist(),
-                "count": float(rms.count),
-            }
-        env = env.env
-    return None
+    vector = find_wrapper(env, gym.wrappers.NormalizeObservation)
+    if vector is None:
+        return None
+    rms = vector.obs_rms
+    return {
+        "kind": "vector",
+        "mean": np.asarray(rms.mean, dtype=np.float64).tolist(),
+        "var": np.asarray(rms.var, dtype=np.float64).tolist(),
+        "count": float(rms.count),
+    }
 
 
 def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
@@ -439,14 +443,11 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
             return False
         norm.load_state_dict(state)
         return True
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, gym.wrappers.NormalizeObservation):
-            rms = env.obs_rms
-            if len(state["mean"]) != np.size(rms.mean):
-                return False
-            rms.mean = np.asarray(state["mean"], dtype=rms.mean.dtype)
-            rms.var = np.asarray(state["var"], dtype=rms.var.dtype)
-            rms.count = float(state["count"])
-            return True
-        env = env.env
-    return False
+    vector = find_wrapper(env, gym.wrappers.NormalizeObservation)
+    if vector is None or len(state["mean"]) != np.size(vector.obs_rms.mean):
+        return False
+    rms = vector.obs_rms
+    rms.mean = np.asarray(state["mean"], dtype=rms.mean.dtype)
+    rms.var = np.asarray(state["var"], dtype=rms.var.dtype)
+    rms.count = float(state["count"])
+    return True

@@ -326,8 +326,8 @@ class Launcher:
             args.max_steps,
             steps=int(self.resumed.get("steps", 0)),
             elapsed=float(self.resumed.get("elapsed", 0.0)),
+            skipped=int(self.resumed.get("skipped_updates", 0)),
         )
-        self.ctx.skipped.value = int(self.resumed.get("skipped_updates", 0))
         self.processes: dict[str, mp.process.BaseProcess] = {}
         self.deaths: dict[str, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}

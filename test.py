@@ -106,9 +106,6 @@ def run_test(
                 "length": length,
                 "steps": steps,
                 "frames": frames,
-                "games": games,
-                "reward_total": reward_total,
-                "best": best,
                 "normalizer": normalizer_state(env),
             },
         )

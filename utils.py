@@ -428,7 +428,12 @@ class ProcessContext:
 
     @classmethod
     def create(
-        cls, mp_context: Any, max_steps: int = 0, steps: int = 0, elapsed: float = 0.0
+        cls,
+        mp_context: Any,
+        max_steps: int = 0,
+        steps: int = 0,
+        elapsed: float = 0.0,
+        skipped: int = 0,
     ) -> ProcessContext:
         """Make the shared objects from a multiprocessing context; the clock starts now.
 
@@ -437,11 +442,12 @@ class ProcessContext:
             max_steps: the step budget (0 = none).
             steps: steps already taken (a resumed run).
             elapsed: seconds already trained (a resumed run).
+            skipped: non-finite updates already skipped (a resumed run).
         """
         return cls(
             mp_context.Event(),
             mp_context.Value("q", steps),
-            mp_context.Value("q", 0),
+            mp_context.Value("q", skipped),
             mp_context.Queue(),
             mp_context.Queue(),
             max_steps,
@@ -631,7 +637,6 @@ class RunMonitor:
         self.interval = args.status_interval
         self.rewards: list[float] = []
         self.best = -math.inf
-        self.test_totals: dict[str, float] = {}
         self.normalizers: dict[str, Any] = {}
         self.train_window: list[dict[str, float]] = []
         self.last_tick = time.time()
@@ -686,16 +691,16 @@ class RunMonitor:
         """Continue from a resumed run's test rewards and normaliser statistics."""
         self.rewards = [float(r) for r in rewards]
         self.best = max(self.rewards, default=-math.inf)
-        if self.rewards:
-            self.test_totals = {
-                "games": len(self.rewards),
-                "reward_total": sum(self.rewards),
-                "best": self.best,
-            }
         self.normalizers = dict(normalizers)
 
+    @property
+    def test_totals(self) -> dict[str, float]:
+        """The test games so far as the test process counts them (empty before the first)."""
+        if not self.rewards:
+            return {}
+        return {"games": len(self.rewards), "reward_total": sum(self.rewards), "best": self.best}
+
     def _test_game(self, game: dict[str, float]) -> None:
-        self.test_totals = {k: game[k] for k in ("games", "reward_total", "best") if k in game}
         self.rewards.append(game["reward"])
         self.best = max(self.best, game["reward"])
         if self.writer is not None:
