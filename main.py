@@ -385,12 +385,17 @@ class Launcher:
         )
         if self.optimizer is not None and state.get("optimizer") is not None:
             try:
-                self.optimizer.load_state_dict(state["optimizer"])
+                changed = self.optimizer.load_statistics(state["optimizer"])
             except (ValueError, KeyError, RuntimeError) as err:
                 raise UsageError(
                     f"training state {str(state_path)!r}: optimizer statistics do not fit "
                     f"--optimizer {args.optimizer} ({err}); pass the optimizer it was saved with"
                 ) from None
+            for key, (saved_value, value) in changed.items():
+                self.log.info(
+                    f"resume: optimizer {key} was {saved_value} in the training state; "
+                    f"this run uses {value} (from the command line)"
+                )
         if state.get("tensorboard_dir"):
             args.tensorboard_dir = state["tensorboard_dir"]
         self.log.info(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import optim
@@ -23,6 +24,13 @@ Params = Iterable[torch.Tensor] | Iterable[dict]
 def _check_positive(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"{name} must be a positive number, got {value!r}")
+
+
+def _same_setting(a: Any, b: Any) -> bool:
+    """Equal settings; a tuple (betas) may come back from a file as a list."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
+    return a == b
 
 
 class _SharedOptimizer(optim.Optimizer):
@@ -76,6 +84,26 @@ class _SharedOptimizer(optim.Optimizer):
         super().load_state_dict(state_dict)
         if was_shared:
             self.share_memory()
+
+    def load_statistics(self, state_dict: dict) -> dict[str, tuple[Any, Any]]:
+        """Load saved statistics but keep this optimizer's own settings (lr, betas, eps, ...).
+
+        `load_state_dict` restores the saved param-group settings too, so a run resumed with a
+        new ``--lr`` would silently go on with the old one. Resuming wants the statistics from
+        the file and the settings from the command line.
+
+        Returns:
+            setting name -> (saved value, value kept) for every setting that differs.
+        """
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        self.load_state_dict(state_dict)
+        changed: dict[str, tuple[Any, Any]] = {}
+        for group, own in zip(self.param_groups, settings, strict=True):
+            for key, value in own.items():
+                if key in group and not _same_setting(group[key], value):
+                    changed[key] = (group[key], value)
+                group[key] = value
+        return changed
 
 
 class SharedRMSprop(_SharedOptimizer):

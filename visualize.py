@@ -26,8 +26,11 @@ LINE = re.compile(
     r"episode length (?P<length>\d+)(?:, reward mean [-\d.e+]+)?"
     r"(?:, total steps (?P<steps>\d+))?(?:, total frames (?P<frames>\d+))?"
 )
-RUN_START = re.compile(r" : workers: \d+$")
-"""Every training run logs its arguments first; this one marks where a run begins."""
+ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
+"""Every process that plays test games logs its arguments first; this line is in every block."""
+RUN_ID = re.compile(r" : tensorboard_dir: (?P<run>.+)$")
+"""The run's own folder name, in the argument block: a restarted test process and a resumed run
+log the same one, a new run another. The original's logs have none (each block is a new run)."""
 
 
 @dataclass
@@ -49,7 +52,9 @@ class TestGame:
 def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     """The test games of the last run in a training log (or of every run).
 
-    Reads this project's logs and the original A3G's (which lack steps and frames).
+    A run goes on across a restarted test process and across ``--load`` resumes (their argument
+    blocks name the same run); a new run starts the list afresh. Reads this project's logs and
+    the original A3G's (which lack steps, frames and a run id).
 
     Raises:
         UsageError: the file does not exist.
@@ -59,12 +64,22 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     except FileNotFoundError:
         raise UsageError(f"log {str(path)!r} not found; pass a <log-dir><env>_log file") from None
     games: list[TestGame] = []
+    run: str | None = None  # the run the games so far belong to
+    block: str | None = None  # the argument block read since the last game ("": no run id)
     for line in lines:
-        if RUN_START.search(line) and not all_runs:
-            games = []
+        if match := RUN_ID.search(line):
+            block = match["run"]
+            continue
+        if ARGUMENT_BLOCK.search(line):
+            block = block or ""
+            continue
         match = LINE.search(line)
         if match is None:
             continue
+        if block is not None:
+            if not all_runs and (block == "" or block != run):
+                games = []
+            run, block = block, None
         g = match.groupdict()
         games.append(
             TestGame(

@@ -37,6 +37,7 @@ from tests.test_cli import (
     wait_group_gone,
 )
 from utils import FatalRunError, ProcessContext, load_training_state, read_config
+from visualize import parse_log
 
 CONFIG = str(ROOT / "config.json")
 
@@ -187,6 +188,8 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     assert {p.name for p in (tmp_path / "logs" / "runs").iterdir()} == runs_before
     log = log_path.read_text()
     assert log.startswith(first_log) and len(log) > len(first_log)
+    # The curve's reading of the log covers both parts of the run.
+    assert len(parse_log(log_path)) == log.count("episode reward") > 0
     again = load_training_state(state_path)
     assert again["steps"] >= 900
     step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
@@ -197,6 +200,24 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     assert record["resumed_from"] == str(state_path)
     assert len(record["previous_runs"]) == 2  # the first run, and the in-process launcher
     assert record["previous_runs"][0]["finished"]["steps"] >= 300
+
+
+def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
+    flags = [*PONG_SMALL, "--amsgrad", *folders(tmp_path)]
+    first = Launcher(parse_args([*flags, "--lr", "0.0001"]))
+    first.save_state()
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    with caplog.at_level("INFO", logger="a3g.main"):
+        resumed = Launcher(parse_args([*flags, *load, "--lr", "0.00005"]))
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.00005]
+    assert resumed.optimizer.param_groups[0]["amsgrad"] is True
+    assert "optimizer lr was 0.0001 in the training state; this run uses 5e-05" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="a3g.main"):
+        same = Launcher(parse_args([*flags, *load, "--lr", "0.0001"]))
+    assert same.optimizer.param_groups[0]["lr"] == 0.0001
+    assert "resumed from" in caplog.text and "optimizer lr was" not in caplog.text
 
 
 @pytest.mark.slow

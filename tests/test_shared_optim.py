@@ -104,6 +104,48 @@ def test_state_dict_round_trip_stays_shared():
         assert all(v.is_shared() for v in fresh.state[p].values())
 
 
+@pytest.mark.parametrize(("ours", "theirs", "kwargs"), [CASES[0], CASES[3]])
+def test_loaded_statistics_keep_the_new_learning_rate(ours, theirs, kwargs):
+    """Resuming with another lr: statistics from the file, lr (and the rest) from the caller."""
+    a, b = small_net(), small_net()
+    opt_a = ours(a.parameters(), **kwargs)
+    opt_b = theirs(b.parameters(), foreach=False, **kwargs)
+    for step in range(3):
+        for net, opt in ((a, opt_a), (b, opt_b)):
+            set_grads(net, step)
+            opt.step()
+    saved = opt_a.state_dict()
+
+    resumed_net = small_net()
+    resumed_net.load_state_dict(a.state_dict())
+    new_lr = kwargs["lr"] / 10
+    resumed = ours(resumed_net.parameters(), **{**kwargs, "lr": new_lr})
+    resumed.share_memory()
+    changed = resumed.load_statistics(saved)
+    assert changed == {"lr": (kwargs["lr"], new_lr)}
+    assert resumed.param_groups[0]["lr"] == new_lr
+    assert all(v.is_shared() for s in resumed.state.values() for v in s.values())
+    for p in resumed_net.parameters():
+        assert resumed.state[p]["step"].item() == 3
+
+    # The next step is torch's step with the statistics so far and the new lr.
+    opt_b.param_groups[0]["lr"] = new_lr
+    set_grads(resumed_net, 3)
+    set_grads(b, 3)
+    resumed.step()
+    opt_b.step()
+    for pa, pb in zip(resumed_net.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_loading_statistics_with_the_same_settings_reports_no_change():
+    net = small_net()
+    opt = SharedAdam(net.parameters(), lr=1e-4, amsgrad=True)
+    saved = opt.state_dict()
+    saved["param_groups"][0]["betas"] = list(saved["param_groups"][0]["betas"])
+    assert SharedAdam(small_net().parameters(), lr=1e-4, amsgrad=True).load_statistics(saved) == {}
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

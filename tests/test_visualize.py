@@ -121,6 +121,43 @@ def test_parse_log_reads_our_lines_and_the_originals(tmp_path):
     assert [g.reward for g in both] == [-21.0, 3.0] and both[0].steps is None
 
 
+def _game(seconds: int, reward: float, steps: int) -> str:
+    return (
+        f"2026-01-01 00:00:00,000 : Time 00h 00m {seconds:02d}s, episode reward {reward}, "
+        f"episode length 800, reward mean 0.0, total steps {steps}, total frames {4 * steps}, "
+        "frames/s 100\n"
+    )
+
+
+def _block(run: str) -> str:
+    return (
+        f"2026-01-01 00:00:00,000 : tensorboard_dir: logs/runs/{run}\n"
+        "2026-01-01 00:00:00,000 : workers: 2\n"
+    )
+
+
+def test_parse_log_keeps_a_run_across_test_restarts_and_resumes(tmp_path):
+    log = tmp_path / "x_log"
+    log.write_text(
+        _block("old")
+        + _game(5, -21.0, 100)
+        + _block("pong_1")  # a new run
+        + _game(10, -21.0, 1000)
+        + _game(20, -20.0, 2000)
+        + _block("pong_1")  # the test process restarted
+        + _game(30, -19.0, 3000)
+        + _block("pong_1")  # --load resumed it
+        + _block("pong_1")  # twice, with no game between
+        + _game(40, -18.0, 4000)
+    )
+    games = parse_log(log)
+    assert [g.reward for g in games] == [-21.0, -20.0, -19.0, -18.0]
+    assert [g.steps for g in games] == [1000, 2000, 3000, 4000]
+    assert len(parse_log(log, all_runs=True)) == 5
+    log.write_text(log.read_text() + _block("pong_2") + _game(3, 1.0, 10))
+    assert [g.reward for g in parse_log(log)] == [1.0]
+
+
 def test_moving_average_by_hand():
     np.testing.assert_allclose(moving_average([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
 
