@@ -4,6 +4,7 @@ Commands::
 
     python visualize.py curve logs/PongNoFrameskip-v4_log        # PNG of test reward
     python visualize.py view --env BreakoutNoFrameskip-v4        # raw vs processed frame
+    python visualize.py milestone logs/PongNoFrameskip-v4_log    # when the 10-game mean hit 18
     python visualize.py table logs/*_eval.json                   # markdown results table
 """
 
@@ -19,7 +20,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils import OneLineParser, UsageError, env_config, env_file_stem, read_config
+from utils import (
+    OneLineParser,
+    UsageError,
+    env_config,
+    env_file_stem,
+    format_elapsed,
+    read_config,
+)
 
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
@@ -36,6 +44,8 @@ log the same one, a new run another. The original's logs have none (each block i
 @dataclass
 class TestGame:
     """One test game read back from a training log."""
+
+    __test__ = False  # not a pytest test class, whatever its name
 
     seconds: float
     reward: float
@@ -100,6 +110,37 @@ def moving_average(values: list[float], window: int) -> np.ndarray:
     idx = np.arange(1, len(data) + 1)
     start = np.maximum(idx - window, 0)
     return (sums[idx] - sums[start]) / (idx - start)
+
+
+def first_reaching(games: list[TestGame], reward: float, window: int = 10) -> TestGame | None:
+    """The game at which the mean of the last `window` test games first reached `reward`.
+
+    Only full windows count (a lucky first game is not a milestone). None if never reached.
+    """
+    if window < 1:
+        raise UsageError(f"--window must be at least 1, got {window}")
+    rewards = [g.reward for g in games]
+    for end in range(window, len(games) + 1):
+        if sum(rewards[end - window : end]) / window >= reward:
+            return games[end - 1]
+    return None
+
+
+def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -> str:
+    """One line: when (wall time, frames, game number) the `window`-game mean reached `reward`."""
+    reached = first_reaching(games, reward, window)
+    if reached is None:
+        best = max(moving_average([g.reward for g in games], window)[window - 1 :], default=None)
+        so_far = "" if best is None else f" (best {window}-game mean so far {best:.2f})"
+        return (
+            f"the mean of {window} test games has not reached {reward:g} in "
+            f"{len(games)} games{so_far}"
+        )
+    frames = f", {reached.frames:,} frames" if reached.frames is not None else ""
+    return (
+        f"the mean of the last {window} test games first reached {reward:g} after "
+        f"{format_elapsed(reached.seconds)}{frames} (test game {games.index(reached) + 1})"
+    )
 
 
 def plot_curve(log_path: str | Path, out: str | Path, window: int = 20, title: str = "") -> Path:
@@ -302,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--steps", type=int, default=60, help="random steps before the snapshot")
     view.add_argument("--seed", type=int, default=0, help="game and action seed")
     view.add_argument("--out", help="PNG path (default: demo/<env>_view.png)")
+    milestone = sub.add_parser(
+        "milestone", help="when the mean of the last N test games first reached a reward"
+    )
+    milestone.add_argument("log", help="a training log, <log-dir><env>_log")
+    milestone.add_argument("--reward", type=float, default=18.0, help="the reward to reach")
+    milestone.add_argument("--window", type=int, default=10, help="games in the mean")
     table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
     table.add_argument("summaries", nargs="+", help="<log-dir><env>_eval.json files")
     return p
@@ -322,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--steps must be 0 or more, got {args.steps}")
             out = args.out or f"demo/{env_file_stem(args.env)}_view.png"
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
+        elif args.command == "milestone":
+            games = parse_log(args.log)
+            if not games:
+                raise UsageError(f"log {args.log!r} has no finished test game yet")
+            print(describe_milestone(games, args.reward, args.window))
         else:
             print(results_table(args.summaries))
     except UsageError as err:

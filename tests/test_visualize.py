@@ -13,7 +13,15 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT
-from visualize import moving_average, parse_log, results_table, write_gif
+from visualize import (
+    TestGame,
+    describe_milestone,
+    first_reaching,
+    moving_average,
+    parse_log,
+    results_table,
+    write_gif,
+)
 
 TRAIN_TAGS = {
     "train/fps", "train/lr", "train/policy_loss", "train/value_loss", "train/entropy",
@@ -156,6 +164,32 @@ def test_parse_log_keeps_a_run_across_test_restarts_and_resumes(tmp_path):
     assert len(parse_log(log, all_runs=True)) == 5
     log.write_text(log.read_text() + _block("pong_2") + _game(3, 1.0, 10))
     assert [g.reward for g in parse_log(log)] == [1.0]
+
+
+def test_milestone_is_the_first_full_window_reaching_the_reward(tmp_path):
+    rewards = [19.0, 15, 16, 17, 18, 19, 20, 21, 21]
+    games = [TestGame(60.0 * i, r, 800, 1000 * i, 4000 * i) for i, r in enumerate(rewards, 1)]
+    # Means of 3, by hand: 16.67 (games 1-3), 16, 17, then 18 (games 4-6): the 6th game.
+    assert first_reaching(games, 18.0, window=3) is games[5]
+    assert first_reaching(games, 21.0, window=2) is games[8]
+    assert first_reaching(games, 19.0, window=1) is games[0]
+    assert first_reaching(games, 21.5, window=3) is None
+    assert describe_milestone(games, 18.0, 3) == (
+        "the mean of the last 3 test games first reached 18 after 00h 06m 00s, 24,000 frames "
+        "(test game 6)"
+    )
+    assert "has not reached 21.5 in 9 games (best 3-game mean so far 20.67)" in (
+        describe_milestone(games, 21.5, 3)
+    )
+
+    log = tmp_path / "x_log"
+    log.write_text(_block("r") + "".join(_game(10 + i, r, 100 * i) for i, r in enumerate(rewards)))
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "milestone", str(log), "--reward", "18", "--window", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "first reached 18 after 00h 00m 15s, 2,000 frames (test game 6)" in result.stdout
 
 
 def test_moving_average_by_hand():
