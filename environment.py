@@ -1,4 +1,4 @@
-"""Environments: the original A3G Atari wrapper stack on gymnasium 1.x, and flat-vector envs.
+"""Environments: config.json, the original A3G Atari wrapper stack on gymnasium 1.x, vector envs.
 
 Every process that builds an env calls `make_env` (or `atari_env`), which registers the ALE
 games first: spawned processes start with an empty gymnasium registry.
@@ -6,9 +6,10 @@ games first: spawned processes start with an empty gymnasium registry.
 
 from __future__ import annotations
 
-import argparse
 import difflib
+import json
 from collections import deque
+from pathlib import Path
 from typing import Any, SupportsFloat
 
 import cv2
@@ -16,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from utils import UsageError, env_config, require_at_least
+from utils import UsageError, require_at_least
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 ALE_DEFAULT_MAX_FRAMES = 108_000
@@ -26,6 +27,93 @@ GRAY_WEIGHTS = np.array([0.2989, 0.587, 0.114], dtype=np.float32)
 FRAME_SIZE = 80
 
 StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json: per-game crop settings
+# ----------------------------------------------------------------------------------------------
+
+
+CONFIG_KEYS = ("crop1", "crop2")
+"""Fields every `config.json` entry must hold (rows crop1:crop2+160 are kept). The original's
+entries also hold ``dimension2``, which nothing reads (the frame is always resized to 80x80);
+it is allowed and ignored."""
+
+
+def read_config(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read and validate the per-game crop settings.
+
+    Args:
+        path: the JSON file (`config.json` by default on the command line).
+
+    Returns:
+        A mapping from a game-name fragment (e.g. ``"Pong"``) to its
+        ``{"crop1", "crop2"}`` settings. It always has a ``"Default"`` entry.
+
+    Raises:
+        UsageError: the file is missing, is not JSON, or an entry is malformed.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UsageError(
+            f"env config {str(path)!r} not found; pass --env-config with the path of config.json"
+        ) from None
+    except OSError as err:
+        raise UsageError(f"env config {str(path)!r} cannot be read: {err.strerror}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(
+            f"env config {str(path)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
+            f"{err.msg}); fix the file or restore config.json from the repository"
+        ) from None
+    if not isinstance(config, dict):
+        raise UsageError(
+            f"env config {str(path)!r} must hold a JSON object of game entries, "
+            f"got {type(config).__name__}"
+        )
+    if "Default" not in config:
+        raise UsageError(
+            f'env config {str(path)!r} has no "Default" entry; add '
+            '"Default": {"crop1": 34, "crop2": 34}'
+        )
+    for name, entry in config.items():
+        if not isinstance(entry, dict):
+            raise UsageError(
+                f"env config {str(path)!r}: entry {name!r} must be an object with "
+                f"{', '.join(CONFIG_KEYS)}, got {entry!r}"
+            )
+        for key in CONFIG_KEYS:
+            value = entry.get(key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(
+                    f"env config {str(path)!r}: entry {name!r} needs an integer {key!r}, "
+                    f"got {value!r}"
+                )
+        # Rows past the 210-row screen are clipped (the original's VideoPinball entry ends at
+        # row 220), so only an empty or negative crop is an error.
+        if not 0 <= entry["crop1"] < min(entry["crop2"] + 160, 210):
+            raise UsageError(
+                f"env config {str(path)!r}: entry {name!r} keeps rows "
+                f"{entry['crop1']}:{entry['crop2'] + 160} of the 210-row screen, which is empty; "
+                "use 0 <= crop1 < min(crop2 + 160, 210)"
+            )
+    return config
+
+
+def env_config(config: dict[str, dict[str, int]], env_id: str) -> dict[str, int]:
+    """Pick the entry of `config` for `env_id`.
+
+    As in the original, an entry applies when its key is a substring of the id, and the last
+    such key in file order wins; with no match the ``"Default"`` entry is used.
+    """
+    chosen = config["Default"]
+    for key, entry in config.items():
+        if key != "Default" and key in env_id:
+            chosen = entry
+    return chosen
 
 
 def register_games() -> None:
@@ -59,7 +147,7 @@ def is_atari(env_id: str) -> bool:
     return lookup_spec(env_id).entry_point == ATARI_ENTRY_POINT
 
 
-def frames_per_step(env_id: str, args: argparse.Namespace) -> int:
+def frames_per_step(env_id: str, skip_rate: int) -> int:
     """Raw emulator frames behind one agent step (1 outside Atari).
 
     ``*NoFrameskip*`` ids: ``--skip-rate``; ids where ALE skips itself: ALE's frameskip (3, the
@@ -70,7 +158,7 @@ def frames_per_step(env_id: str, args: argparse.Namespace) -> int:
         return 1
     ale_skip = spec.kwargs.get("frameskip", 1)
     if ale_skip == 1:
-        return args.skip_rate
+        return skip_rate
     return ale_skip if isinstance(ale_skip, int) else 3
 
 
@@ -272,7 +360,8 @@ class NormalizedEnv(gym.ObservationWrapper):
 def atari_env(
     env_id: str,
     env_conf: dict[str, int],
-    args: argparse.Namespace,
+    max_episode_length: int = 10000,
+    skip_rate: int = 4,
     render_mode: str | None = None,
 ) -> gym.Env:
     """Build an ALE game with the original A3G wrapper stack.
@@ -285,8 +374,9 @@ def atari_env(
 
     Args:
         env_id: a registered ALE id such as ``PongNoFrameskip-v4`` or ``ALE/Pong-v5``.
-        env_conf: the game's `config.json` entry (see `utils.env_config`).
-        args: needs ``max_episode_length`` and ``skip_rate``.
+        env_conf: the game's `config.json` entry (see `env_config`).
+        max_episode_length: agent steps before an episode is cut.
+        skip_rate: raw frames per agent step on ``NoFrameskip`` ids.
         render_mode: passed to ``gymnasium.make`` (``"rgb_array"`` to record, ``"human"``).
 
     Raises:
@@ -303,16 +393,16 @@ def atari_env(
             f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
             "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
         )
-    require_at_least("--max-episode-length", args.max_episode_length)
-    require_at_least("--skip-rate", args.skip_rate)
+    require_at_least("--max-episode-length", max_episode_length)
+    require_at_least("--skip-rate", skip_rate)
 
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
     # Most raw frames one agent step can take (the old ids skip a random [low, high) frames).
     step_frames = (
-        args.skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1)
+        skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1)
     )
-    max_frames = args.max_episode_length * step_frames
+    max_frames = max_episode_length * step_frames
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
     if max_frames > ALE_DEFAULT_MAX_FRAMES:
         # Otherwise ALE's own cap would end episodes before --max-episode-length does.
@@ -320,11 +410,11 @@ def atari_env(
     env = gym.make(env_id, **make_kwargs)
 
     if we_skip:
-        env = gym.wrappers.TimeLimit(env, args.max_episode_length * args.skip_rate)
+        env = gym.wrappers.TimeLimit(env, max_episode_length * skip_rate)
         env = NoopResetEnv(env, NOOP_MAX)
-        env = MaxAndSkipEnv(env, args.skip_rate)
+        env = MaxAndSkipEnv(env, skip_rate)
     else:
-        env = gym.wrappers.TimeLimit(env, args.max_episode_length)
+        env = gym.wrappers.TimeLimit(env, max_episode_length)
     env = EpisodicLifeEnv(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireResetEnv(env)
@@ -332,12 +422,17 @@ def atari_env(
     return NormalizedEnv(env)
 
 
-def vector_env(env_id: str, args: argparse.Namespace, render_mode: str | None = None) -> gym.Env:
+def vector_env(
+    env_id: str,
+    max_episode_length: int = 10000,
+    vector_obs_norm: bool = False,
+    render_mode: str | None = None,
+) -> gym.Env:
     """Build a gymnasium env with flat vector observations and discrete actions.
 
-    No image wrappers. The env's registered time limit stays; ``max_episode_length`` only
-    shortens it. With ``args.vector_obs_norm`` observations are standardised per feature
-    by running statistics.
+    No image wrappers. The env's registered time limit stays; `max_episode_length` only
+    shortens it. With `vector_obs_norm` observations are standardised per feature by running
+    statistics.
 
     Raises:
         UsageError: unknown id, an Atari id, or spaces A3G cannot use.
@@ -345,7 +440,7 @@ def vector_env(env_id: str, args: argparse.Namespace, render_mode: str | None = 
     spec = lookup_spec(env_id)
     if spec.entry_point == ATARI_ENTRY_POINT:
         raise UsageError(f"{env_id!r} is an Atari game; build it with atari_env")
-    require_at_least("--max-episode-length", args.max_episode_length)
+    require_at_least("--max-episode-length", max_episode_length)
     try:
         env = gym.make(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as err:
@@ -363,30 +458,35 @@ def vector_env(env_id: str, args: argparse.Namespace, render_mode: str | None = 
             f"{env_id!r} has actions {act_space}; A3G needs Discrete actions "
             "(e.g. CartPole-v1, Acrobot-v1)"
         )
-    if spec.max_episode_steps is None or args.max_episode_length < spec.max_episode_steps:
-        env = gym.wrappers.TimeLimit(env, args.max_episode_length)
-    if args.vector_obs_norm:
+    if spec.max_episode_steps is None or max_episode_length < spec.max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, max_episode_length)
+    if vector_obs_norm:
         env = gym.wrappers.NormalizeObservation(env)
     return env
 
 
 def make_env(
     env_id: str,
-    config: dict[str, dict[str, int]],
-    args: argparse.Namespace,
+    env_conf: dict[str, int],
+    max_episode_length: int = 10000,
+    skip_rate: int = 4,
+    vector_obs_norm: bool = False,
     render_mode: str | None = None,
 ) -> gym.Env:
     """Build the env for `env_id`: the Atari stack for ALE games, `vector_env` otherwise.
 
     Args:
         env_id: any registered id.
-        config: the whole `config.json` (the game's entry is picked here).
-        args: the run's configuration.
+        env_conf: the game's `config.json` entry (`env_config`; unused outside Atari).
+        max_episode_length: agent steps before an episode is cut.
+        skip_rate: raw frames per agent step on ``NoFrameskip`` ids.
+        vector_obs_norm: standardise vector observations (not Atari frames, which are
+            always normalised).
         render_mode: passed to ``gymnasium.make``.
     """
     if is_atari(env_id):
-        return atari_env(env_id, env_config(config, env_id), args, render_mode)
-    return vector_env(env_id, args, render_mode)
+        return atari_env(env_id, env_conf, max_episode_length, skip_rate, render_mode)
+    return vector_env(env_id, max_episode_length, vector_obs_norm, render_mode)
 
 
 def was_real_done(env: gym.Env) -> bool:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -17,21 +15,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from environment import make_env
-from main import DEFAULT_ENV, check_gpus
+from checkpoint import checkpoint_path, env_file_stem, load_weights
+from cli import EvalConfig, parse_eval_args
+from environment import env_config, make_env, read_config
 from model import build_model
 from player_util import Agent
-from utils import (
-    OneLineParser,
-    UsageError,
-    checkpoint_path,
-    env_file_stem,
-    load_weights,
-    read_config,
-    require_at_least,
-    setup_logger,
-    worker_device,
-)
+from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
 
 VIDEO_FPS = 30
@@ -39,77 +28,6 @@ DEMO_FPS = 15
 """One frame per agent step: with 4-frame skip, real time."""
 DEMO_MAX_FRAMES = 1500
 """Caps a demo GIF at a few MB (100 s of play)."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The original gym_eval.py flags (same names and defaults), plus ours."""
-    p = OneLineParser(
-        description="Evaluate a trained A3G model over many greedy games.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--env", "-ev", default=DEFAULT_ENV, help="gymnasium environment id")
-    p.add_argument("--env-config", "-evc", default="config.json", help="per-game crop settings")
-    p.add_argument("--num-episodes", "-ne", type=int, default=100, help="games to play")
-    p.add_argument(
-        "--load-model-dir", "-lmd", default="trained_models/", help="folder holding <env>.dat"
-    )
-    p.add_argument("--log-dir", "-lgd", default="logs/", help="folder of the eval log and JSON")
-    p.add_argument("--render", "-r", action="store_true", help="show the game in a window")
-    p.add_argument(
-        "--render-freq", "-rf", type=int, default=1, help="with --render, show every Nth game"
-    )
-    p.add_argument(
-        "--max-episode-length",
-        "-mel",
-        type=int,
-        default=10000,
-        help="agent steps before a game is cut",
-    )
-    p.add_argument(
-        "--new-gym-eval",
-        "-nge",
-        action="store_true",
-        help="record every game as an MP4 video in --video-dir",
-    )
-    p.add_argument("--seed", "-s", type=int, default=1, help="random seed")
-    p.add_argument("--gpu-id", "-gid", type=int, default=-1, help="GPU to run on; -1 = CPU")
-    p.add_argument("--hidden-size", "-hs", type=int, default=512, help="LSTM hidden size")
-    p.add_argument("--skip-rate", "-sk", type=int, default=4, help="frame skip")
-    p.add_argument(
-        "--video-dir", default=None, help="where --new-gym-eval writes (default <log-dir>videos/)"
-    )
-    p.add_argument(
-        "--demo",
-        action="store_true",
-        help="write the first game as <demo-dir><env>.gif and .mp4",
-    )
-    p.add_argument("--demo-dir", default="demo/", help="where --demo writes")
-    p.add_argument(
-        "--vector-obs-norm",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="standardise vector observations (match the training run)",
-    )
-    return p  # fmt: skip
-
-
-def validate(args: argparse.Namespace) -> argparse.Namespace:
-    """Reject bad values with a message naming the value and the fix."""
-    for flag, value in (
-        ("--num-episodes", args.num_episodes),
-        ("--render-freq", args.render_freq),
-        ("--max-episode-length", args.max_episode_length),
-        ("--skip-rate", args.skip_rate),
-        ("--hidden-size", args.hidden_size),
-    ):
-        require_at_least(flag, value)
-    if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        raise UsageError(
-            "--render needs a display, and none is set here (DISPLAY is empty); "
-            "use --new-gym-eval to record videos instead"
-        )
-    check_gpus([args.gpu_id])
-    return args
 
 
 class VideoRecorder:
@@ -171,9 +89,9 @@ def write_demo(frames: list[np.ndarray], folder: Path, stem: str, log: logging.L
     log.info(f"demo: {gif} and {video.path} ({len(frames)} frames)")
 
 
-def training_record(args: argparse.Namespace) -> dict | None:
+def training_record(log_dir: str, env_id: str) -> dict | None:
     """What the run record beside the log says about how the model was trained, if present."""
-    path = Path(args.log_dir) / f"{env_file_stem(args.env)}_run.json"
+    path = checkpoint_path(log_dir, env_id, "_run.json")
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -188,19 +106,25 @@ def training_record(args: argparse.Namespace) -> dict | None:
     }
 
 
-def evaluate(args: argparse.Namespace) -> dict:
+def evaluate(args: EvalConfig) -> dict:
     """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
     model_path = checkpoint_path(args.load_model_dir, args.env)
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
-    config = read_config(args.env_config)
+    env_conf = env_config(read_config(args.env_config), args.env)
     device = worker_device(args.gpu_id)
     torch.manual_seed(args.seed)
 
+    def build_env(render_mode: str | None) -> gym.Env:
+        return make_env(
+            args.env, env_conf, args.max_episode_length, args.skip_rate, args.vector_obs_norm,
+            render_mode=render_mode,
+        )  # fmt: skip
+
     render_mode = "rgb_array" if args.new_gym_eval or args.demo else None
-    env = make_env(args.env, config, args, render_mode=render_mode)
-    shown = make_env(args.env, config, args, render_mode="human") if args.render else None
-    model = build_model(env.observation_space, env.action_space, args)
+    env = build_env(render_mode)
+    shown = build_env("human") if args.render else None
+    model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)
     model.to(device).eval()
     log.info(f"evaluating {model_path} on {args.env} for {args.num_episodes} games")
@@ -254,7 +178,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         "lengths": lengths,
         "seed": args.seed,
         "command": " ".join(["python", *sys.argv]),
-        "training": training_record(args),
+        "training": training_record(args.log_dir, args.env),
         "seconds": round(time.time() - start, 3),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -276,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the exit code (0 ok, 2 bad input)."""
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     try:
-        args = validate(build_parser().parse_args(argv))
+        args = parse_eval_args(argv)
+        check_gpus([args.gpu_id])
         evaluate(args)
     except UsageError as err:
         print(f"gym_eval.py: error: {err}", file=sys.stderr)

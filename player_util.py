@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -11,7 +9,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from environment import was_real_done
-from model import EncoderTape
+from fast_path import EncoderTape, act_recorded, replay_features, sequence_from_features
 
 
 class NonFiniteError(ArithmeticError):
@@ -28,6 +26,11 @@ def _check_finite(logits: torch.Tensor) -> None:
 class Agent:
     """Plays one env with one model, on any device, and records a rollout for the loss.
 
+    Training acts on one of two paths, chosen once when the agent is made: the reference path
+    (the original's: every step's forward with autograd) or the fast path (`fast_path.py`:
+    act without autograd, recording the encoder, then replay the rollout with autograd at
+    once). Both give the same losses and gradients; the worker loop does not know which runs.
+
     Attributes:
         model: the network (the worker's own copy, or the test process's).
         env: the environment it acts in.
@@ -35,15 +38,13 @@ class Agent:
         state: the current observation as a float32 tensor on `device`.
         hx, cx: LSTM state, shape (1, hidden_size).
         done: the last step ended the episode (a lost life counts in Atari training).
-        info: the info dict of the last step.
         reward: the last step's training reward: clipped to [-1, 1] when ``clip_rewards``,
             then times ``reward_scale``.
         raw_reward: the last step's reward as the game gave it.
-        eps_len: steps since the episode (life) began.
-        values, log_probs, rewards, entropies: the rollout since `clear_actions`.
-        tape, explored_actions, rollout_start: what the fast path's `action_explore`
-            records for `replay_rollout` (the encoder's activations, the actions, and the
-            LSTM state the rollout started from).
+        actions, rewards: the rollout's actions and training rewards since `clear_actions`.
+        values, log_probs, entropies: the rollout's loss inputs, complete after
+            `prepare_loss_inputs`.
+        tape: the fast path's record of the encoder's work (None on the reference path).
     """
 
     def __init__(
@@ -53,6 +54,7 @@ class Agent:
         device: torch.device | str = "cpu",
         clip_rewards: bool = True,
         reward_scale: float = 1.0,
+        fast_path: bool = False,
     ):
         """Create an agent; call `reset` before acting.
 
@@ -62,6 +64,7 @@ class Agent:
             device: where the model lives.
             clip_rewards: clip training rewards to [-1, 1] (the original's rule).
             reward_scale: multiply the (clipped) training rewards by this.
+            fast_path: train on the fast path (see `fast_path.py`) instead of the reference.
         """
         self.model = model
         self.env = env
@@ -71,18 +74,23 @@ class Agent:
         self.state = torch.zeros(0)
         self.hx, self.cx = model.initial_state(1, self.device)
         self.done = True
-        self.info: dict[str, Any] = {}
         self.reward = 0.0
         self.raw_reward = 0.0
-        self.eps_len = 0
+        self.actions: list[int] = []
+        self.rewards: list[float] = []
         self.values: list[torch.Tensor] = []
         self.log_probs: list[torch.Tensor] = []
-        self.rewards: list[float] = []
         self.entropies: list[torch.Tensor] = []
-        # Fast path: what `action_explore` records for `replay_rollout`.
-        self.tape = EncoderTape()
-        self.explored_actions: list[int] = []
-        self.rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tape = EncoderTape() if fast_path else None
+        self._rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The one place the path is chosen: how a training step acts, and how the rollout's
+        # loss inputs are completed.
+        if fast_path:
+            self.action_train = self._act_recording
+            self.prepare_loss_inputs = self._replay_rollout
+        else:
+            self.action_train = self._act_with_autograd
+            self.prepare_loss_inputs = self._loss_inputs_ready
 
     # -- state ------------------------------------------------------------------------------
 
@@ -90,12 +98,11 @@ class Agent:
         return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
 
     def reset(self, seed: int | None = None) -> None:
-        """Reset the env, the LSTM state and the episode counters."""
-        obs, self.info = self.env.reset(seed=seed)
+        """Reset the env and the LSTM state."""
+        obs, _ = self.env.reset(seed=seed)
         self.state = self._to_state(obs)
         self.reset_lstm()
         self.done = False
-        self.eps_len = 0
 
     def reset_lstm(self) -> None:
         """Zero the LSTM state (at the start of an episode)."""
@@ -106,6 +113,13 @@ class Agent:
         self.hx = self.hx.detach()
         self.cx = self.cx.detach()
 
+    def start_rollout(self) -> None:
+        """A new episode after one ended; otherwise go on with the LSTM state cut from the graph."""
+        if self.done:
+            self.reset()
+        else:
+            self.detach_lstm()
+
     @property
     def real_done(self) -> bool:
         """The episode ended with a real game over (not just a lost life)."""
@@ -114,16 +128,30 @@ class Agent:
     # -- acting -----------------------------------------------------------------------------
 
     def _step_env(self, action: int) -> None:
-        obs, reward, terminated, truncated, self.info = self.env.step(action)
+        obs, reward, terminated, truncated, _ = self.env.step(action)
         self.state = self._to_state(obs)
         self.done = bool(terminated or truncated)
         self.raw_reward = float(reward)
         reward = max(min(self.raw_reward, 1.0), -1.0) if self.clip_rewards else self.raw_reward
         self.reward = reward * self.reward_scale
-        self.eps_len += 1
 
-    def action_train(self) -> Agent:
-        """Sample an action from the policy, step the env, and record the step for the loss.
+    def play_rollout(self, num_steps: int) -> int:
+        """Take up to `num_steps` training steps, stopping at the end of an episode.
+
+        Returns:
+            The steps taken.
+
+        Raises:
+            NonFiniteError: the policy came out NaN or inf (the env was not stepped).
+        """
+        for _ in range(num_steps):
+            self.action_train()
+            if self.done:
+                break
+        return len(self.rewards)
+
+    def _act_with_autograd(self) -> Agent:
+        """Reference path: sample from the policy, step the env, keep the step's graph.
 
         Raises:
             NonFiniteError: the policy is NaN or inf (the env was not stepped).
@@ -134,39 +162,39 @@ class Agent:
         log_prob = F.log_softmax(logits, dim=1)
         entropy = -(log_prob * prob).sum(1)
         action = prob.multinomial(1).detach()
-        self._step_env(int(action.item()))
+        self.actions.append(int(action.item()))
+        self._step_env(self.actions[-1])
         self.values.append(value)
         self.log_probs.append(log_prob.gather(1, action))
         self.rewards.append(self.reward)
         self.entropies.append(entropy)
         return self
 
-    @torch.no_grad()
-    def action_explore(self) -> Agent:
-        """Fast-path acting: sample like `action_train` but without autograd.
+    def _loss_inputs_ready(self) -> Agent:
+        """Reference path: acting kept every step's graph; nothing left to do."""
+        return self
 
-        Records the encoder's work on `tape`, the action and the reward; `replay_rollout`
-        recomputes the values, log-probabilities and entropies with autograd for the whole
-        rollout at once.
+    @torch.no_grad()
+    def _act_recording(self) -> Agent:
+        """Fast path: sample like the reference path, without autograd, recording the encoder.
 
         Raises:
             NonFiniteError: the policy is NaN or inf (the env was not stepped).
         """
-        if self.rollout_start is None:
-            self.rollout_start = (self.hx.detach(), self.cx.detach())
-        _, logits, self.hx, self.cx = self.model(
-            self.state.unsqueeze(0), self.hx, self.cx, tape=self.tape
+        assert self.tape is not None
+        if self._rollout_start is None:
+            self._rollout_start = (self.hx.detach(), self.cx.detach())
+        _, logits, self.hx, self.cx = act_recorded(
+            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.tape
         )
         _check_finite(logits)
-        prob = F.softmax(logits, dim=1)
-        action = prob.multinomial(1)
-        self.explored_actions.append(int(action.item()))
-        self._step_env(self.explored_actions[-1])
+        self.actions.append(int(F.softmax(logits, dim=1).multinomial(1).item()))
+        self._step_env(self.actions[-1])
         self.rewards.append(self.reward)
         return self
 
-    def replay_rollout(self) -> Agent:
-        """Fill the rollout buffers for the loss from what `action_explore` recorded.
+    def _replay_rollout(self) -> Agent:
+        """Fast path: the rollout's values, log-probabilities and entropies, with autograd.
 
         The recorded encoder features (`replay_features`, which backpropagates into the conv
         weights without a second forward) go through the LSTM as one sequence from the
@@ -174,18 +202,17 @@ class Agent:
         (the weights have not changed since), so the loss and its gradients are those of the
         reference path.
         """
-        if self.rollout_start is None:
-            raise RuntimeError("replay_rollout() needs action_explore() steps first")
-        hx, cx = self.rollout_start
-        features = self.model.replay_features(self.tape)
-        values, logits = self.model.sequence_from_features(features, hx, cx)
+        if self._rollout_start is None or self.tape is None:
+            raise RuntimeError("replaying a rollout needs fast-path steps first")
+        hx, cx = self._rollout_start
+        features = replay_features(self.model, self.tape)
+        values, logits = sequence_from_features(self.model, features, hx, cx)
         log_prob = F.log_softmax(logits, dim=1)
         prob = F.softmax(logits, dim=1)
         entropy = -(log_prob * prob).sum(1)
-        actions = torch.tensor(self.explored_actions, device=self.device).unsqueeze(1)
-        chosen = log_prob.gather(1, actions)
+        actions = torch.tensor(self.actions, device=self.device).unsqueeze(1)
         self.values = list(values.split(1))
-        self.log_probs = list(chosen.split(1))
+        self.log_probs = list(log_prob.gather(1, actions).split(1))
         self.entropies = list(entropy.split(1))
         return self
 
@@ -206,11 +233,12 @@ class Agent:
 
     def clear_actions(self) -> Agent:
         """Empty the rollout buffers (after an update)."""
+        self.actions.clear()
+        self.rewards.clear()
         self.values = []
         self.log_probs = []
-        self.rewards.clear()
         self.entropies = []
-        self.tape.clear()
-        self.explored_actions.clear()
-        self.rollout_start = None
+        if self.tape is not None:
+            self.tape.clear()
+        self._rollout_start = None
         return self

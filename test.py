@@ -2,45 +2,31 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from checkpoint import RunPaths, cpu_state_dict, save_atomic
+from cli import TrainConfig, as_dict
 from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
 from model import build_model
 from player_util import Agent
-from utils import (
-    ProcessContext,
-    checkpoint_path,
-    child_process,
-    format_elapsed,
-    read_config,
-    save_atomic,
-    setup_logger,
-    worker_device,
-)
-
-
-def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of the weights, as saved in ``.dat`` files."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def log_file(args: argparse.Namespace) -> Path:
-    """``<log-dir><env>_log``."""
-    return checkpoint_path(args.log_dir, args.env, "_log")
+from utils import ProcessContext, child_process, format_elapsed, setup_logger, worker_device
 
 
 def run_test(
-    args: argparse.Namespace,
+    config: TrainConfig,
+    env_conf: dict[str, int],
+    paths: RunPaths,
+    run_dir: str,
     shared_model: nn.Module,
     ctx: ProcessContext,
-    resume: dict | None = None,
+    rewards: Sequence[float] = (),
+    normalizer: dict | None = None,
 ) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
@@ -51,31 +37,36 @@ def run_test(
     same game. A failed save is logged and the previous file stays; testing goes on.
 
     Args:
-        args: the run's configuration.
+        config: the run's configuration (all of it is logged first).
+        env_conf: the game's ``config.json`` entry.
+        paths: the run's files (the log, the ``.dat``).
+        run_dir: the run's TensorBoard folder, logged with the arguments: it names the run,
+            so a curve drawn from the log follows it across restarts and resumes.
         shared_model: the shared-memory model to evaluate.
         ctx: stop event and counters shared with the launcher.
-        resume: a resumed run's ``games``, ``reward_total``, ``best`` and ``normalizer``.
+        rewards: the test rewards of the run so far (a resumed run or a restarted process).
+        normalizer: observation-normaliser statistics to continue from.
     """
-    resume = resume or {}
-    device = worker_device(args.gpu_ids[-1])
-    log = setup_logger(f"a3g.test.{args.env}", log_file(args))
-    for key, value in sorted(vars(args).items()):
+    device = worker_device(config.test_gpu)
+    log = setup_logger(f"a3g.test.{config.env}", paths.log)
+    for key, value in sorted({**as_dict(config), "tensorboard_dir": run_dir}.items()):
         log.info(f"{key}: {value}")
 
-    torch.manual_seed(args.seed)
-    env = make_env(args.env, read_config(args.env_config), args)
-    model = build_model(env.observation_space, env.action_space, args).to(device)
+    torch.manual_seed(config.seed)
+    env = make_env(
+        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
+    )
+    model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     model.eval()
     agent = Agent(model, env, device, clip_rewards=False)
     model.load_state_dict(shared_model.state_dict())
-    load_normalizer_state(env, resume.get("normalizer"))
-    agent.reset(seed=args.seed)
+    load_normalizer_state(env, normalizer)
+    agent.reset(seed=config.seed)
 
-    frames_per = frames_per_step(args.env, args)
-    save_path = checkpoint_path(args.save_model_dir, args.env)
-    games = int(resume.get("games", 0))
-    reward_total = float(resume.get("reward_total", 0.0))
-    best = float(resume.get("best", -math.inf))
+    frames_per = frames_per_step(config.env, config.skip_rate)
+    games = len(rewards)
+    reward_total = float(sum(rewards))
+    best = max(rewards, default=-math.inf)
     reward_sum, length = 0.0, 0
     while not ctx.stopping():
         agent.action_test()
@@ -109,14 +100,14 @@ def run_test(
                 "normalizer": normalizer_state(env),
             },
         )
-        if not args.save_max or reward_sum >= best:
+        if not config.save_max or reward_sum >= best:
             try:
-                save_atomic(cpu_state_dict(model), save_path)
+                save_atomic(cpu_state_dict(model), paths.model)
             except OSError as err:
-                log.error(f"could not save {save_path} ({err}); the previous file is kept")
+                log.error(f"could not save {paths.model} ({err}); the previous file is kept")
         reward_sum, length = 0.0, 0
 
-        if ctx.wait(args.test_interval):
+        if ctx.wait(config.test_interval):
             break
         model.load_state_dict(shared_model.state_dict())
         agent.reset()
@@ -124,14 +115,18 @@ def run_test(
 
 
 def test(
-    args: argparse.Namespace,
+    config: TrainConfig,
+    env_conf: dict[str, int],
+    paths: RunPaths,
+    run_dir: str,
     shared_model: nn.Module,
     ctx: ProcessContext,
-    resume: dict | None = None,
+    rewards: Sequence[float] = (),
+    normalizer: dict | None = None,
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
         # Lower priority (--test-niceness, 10 by default): while the workers keep every core
         # busy, the test process takes what they leave instead of a fair share.
-        os.nice(args.test_niceness)
-        run_test(args, shared_model, ctx, resume)
+        os.nice(config.test_niceness)
+        run_test(config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer)

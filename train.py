@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from cli import TrainConfig
 from environment import load_normalizer_state, make_env, normalizer_state
 from model import A3Clstm, build_model
 from player_util import Agent, NonFiniteError
 from shared_optim import SharedAdam, SharedRMSprop
-from utils import (
-    FatalRunError,
-    ProcessContext,
-    child_process,
-    ensure_shared_grads,
-    read_config,
-    worker_device,
-)
+from utils import FatalRunError, ProcessContext, child_process, worker_device
 
 
 @dataclass
@@ -39,7 +34,10 @@ def a3c_loss(
     rewards: list[float],
     entropies: list[torch.Tensor],
     bootstrap: torch.Tensor,
-    args: argparse.Namespace,
+    gamma: float,
+    tau: float,
+    entropy_coef: float,
+    value_coef: float,
 ) -> LossTerms:
     """The A3C loss of one rollout, computed backwards from its last step.
 
@@ -56,9 +54,11 @@ def a3c_loss(
         entropies: policy entropy per step, each (1,), with grad.
         bootstrap: detached V of the state after the last step, 0 if the rollout ended
             an episode; shape (1, 1).
-        args: needs ``gamma``, ``tau``, ``entropy_coef``, ``value_coef``.
+        gamma: discount.
+        tau: GAE lambda.
+        entropy_coef: weight of the entropy bonus.
+        value_coef: weight of the value loss.
     """
-    gamma, tau = args.gamma, args.tau
     ret = bootstrap.detach()  # R, the n-step return
     next_value = ret
     gae = torch.zeros_like(ret)
@@ -70,9 +70,9 @@ def a3c_loss(
         value_loss = value_loss + 0.5 * advantage.pow(2)
         delta = rewards[i] + gamma * next_value - values[i].detach()
         gae = gae * gamma * tau + delta
-        policy_loss = policy_loss - log_probs[i] * gae - args.entropy_coef * entropies[i]
+        policy_loss = policy_loss - log_probs[i] * gae - entropy_coef * entropies[i]
         next_value = values[i].detach()
-    total = (policy_loss + args.value_coef * value_loss).sum()
+    total = (policy_loss + value_coef * value_loss).sum()
     return LossTerms(
         total=total,
         policy_loss=policy_loss.detach().sum(),
@@ -161,10 +161,10 @@ def update_is_finite(terms: LossTerms, squares: torch.Tensor) -> bool:
     return bool(torch.isfinite(squares.sum() + terms.total.detach()).item())
 
 
-def step_size_for(rank: int, args: argparse.Namespace) -> int:
+def step_size_for(rank: int, num_steps: int, distributed_step_size: list[int]) -> int:
     """The worker's n-step: ``--distributed-step-size`` dealt round-robin, else ``--num-steps``."""
-    sizes = args.distributed_step_size
-    return sizes[rank % len(sizes)] if sizes else args.num_steps
+    sizes = distributed_step_size
+    return sizes[rank % len(sizes)] if sizes else num_steps
 
 
 def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
@@ -172,21 +172,90 @@ def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
     model.load_state_dict(shared_model.state_dict())
 
 
-def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad``)."""
-    if args.optimizer == "RMSprop":
-        return SharedRMSprop(params, lr=args.lr)
-    return SharedAdam(params, lr=args.lr, amsgrad=args.amsgrad)
+def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = False) -> None:
+    """Give the shared model this worker's current gradients, on every call.
+
+    Why it exists: the optimizer steps the shared (CPU, shared-memory) parameters, but
+    backward ran on the worker's own copy. The original handed a gradient over only while the
+    shared parameter had none, relying on PyTorch 1.x zeroing that same tensor in place. On
+    PyTorch 2.x ``zero_grad()`` sets gradients to None and backward allocates a new tensor, so
+    the shared parameter kept pointing at the first gradient forever and every later update
+    re-applied it: CPU training could not learn.
+
+    On CPU the shared parameter simply references the worker's new gradient tensor (no copy;
+    ``.grad`` is per process, so workers never see each other's). From a GPU each gradient
+    leaves with one non-blocking copy into a pinned CPU buffer kept on the shared parameter
+    and reused across updates; the copies are queued back to back and the stream is
+    synchronised once, before returning, so the optimizer never reads a buffer in flight.
+
+    Args:
+        model: the worker's model, after ``backward()``.
+        shared_model: the shared CPU model the optimizer steps.
+        gpu: the worker's model lives on a CUDA device.
+    """
+    for param, shared_param in zip(model.parameters(), shared_model.parameters(), strict=True):
+        grad = param.grad
+        if grad is None:
+            shared_param.grad = None
+        elif not gpu:
+            shared_param.grad = grad
+        else:
+            buffer = shared_param.grad
+            if buffer is None or buffer.shape != grad.shape or not buffer.is_pinned():
+                buffer = torch.empty(shared_param.shape, dtype=grad.dtype, pin_memory=True)
+                shared_param.grad = buffer
+            buffer.copy_(grad, non_blocking=True)
+    if gpu:
+        torch.cuda.current_stream(next(model.parameters()).device).synchronize()
+
+
+def make_optimizer(
+    params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam)."""
+    if optimizer == "RMSprop":
+        return SharedRMSprop(params, lr=lr)
+    return SharedAdam(params, lr=lr, amsgrad=amsgrad)
+
+
+class PhaseClock:
+    """A timing hook for the worker loop: seconds spent in each phase (for benchmarks).
+
+    The loop calls `lap` at the end of each phase; the time since the previous lap is added
+    to that phase. Without a clock the loop's laps cost one empty call each.
+    """
+
+    def __init__(self) -> None:
+        """No time recorded yet."""
+        self.totals: dict[str, float] = defaultdict(float)
+        self._last: float | None = None
+
+    def lap(self, phase: str) -> None:
+        """Add the time since the previous lap to `phase` (the first lap only starts the clock)."""
+        now = time.perf_counter()
+        if self._last is not None:
+            self.totals[phase] += now - self._last
+        self._last = now
+
+    def reset(self) -> None:
+        """Forget what was recorded (after a warm-up)."""
+        self.totals.clear()
+
+
+def _no_lap(phase: str) -> None:
+    """The worker loop's lap when nobody times it."""
 
 
 def run_worker(
     rank: int,
-    args: argparse.Namespace,
+    config: TrainConfig,
+    env_conf: dict[str, int],
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
-    losses: list[float] | None = None,
     normalizer: dict | None = None,
+    on_update: Callable[[LossTerms], None] | None = None,
+    clock: PhaseClock | None = None,
 ) -> None:
     """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
 
@@ -200,76 +269,76 @@ def run_worker(
 
     Args:
         rank: worker index; seeds with ``seed + rank`` and picks the GPU round-robin.
-        args: the run's configuration.
+        config: the run's configuration.
+        env_conf: the game's ``config.json`` entry.
         shared_model: the shared-memory CPU model.
         optimizer: the shared optimizer, or None for one of the worker's own (statistics
             not shared) over the shared parameters.
         ctx: the stop event and step counter shared with the launcher.
-        losses: if given, each update's total loss is appended (for tests).
         normalizer: observation-normaliser statistics to continue from (a resumed run).
+        on_update: called with each applied update's loss terms (tests, benchmarks).
+        clock: times each phase of the loop (benchmarks).
     """
-    device = worker_device(args.gpu_ids[rank % len(args.gpu_ids)])
-    seed = args.seed + rank
+    # -- setup: device, seeds, env, own model copy, agent ---------------------------------------
+    device = worker_device(config.gpu_for(rank))
+    seed = config.seed + rank
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
-    env = make_env(args.env, read_config(args.env_config), args)
+    env = make_env(
+        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
+    )
     env.action_space.seed(seed)
     load_normalizer_state(env, normalizer)
     if optimizer is None:
-        optimizer = make_optimizer(shared_model.parameters(), args)
-    model = build_model(env.observation_space, env.action_space, args).to(device)
-    if args.fast_path and isinstance(model, A3Clstm):
-        model.use_channels_last()
+        optimizer = make_optimizer(
+            shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
+        )
+    model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
+    if config.fast_path and isinstance(model, A3Clstm):
+        model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
     model.train()
-    agent = Agent(model, env, device, reward_scale=args.reward_scale)
+    agent = Agent(model, env, device, reward_scale=config.reward_scale, fast_path=config.fast_path)
     agent.reset(seed=seed)
-    num_steps = step_size_for(rank, args)
+    num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
     nonfinite_in_a_row = 0
+    lap = clock.lap if clock is not None else _no_lap
 
     def send_report() -> None:
         ctx.report("train", {**stats.flush(rank), "normalizer": normalizer_state(env)})
 
+    # -- the loop: one rollout, one update ------------------------------------------------------
+    lap("start")
     while not ctx.should_stop():
         sync_weights(model, shared_model)
-        if agent.done:
-            agent.reset()
-        else:
-            agent.detach_lstm()
-        # Fast path: act without autograd, recording the conv activations, then backpropagate
-        # the whole rollout at once (same losses and gradients; see benchmarks/). Reference
-        # path (--no-fast-path): the original's forward with autograd at every step.
-        act = agent.action_explore if args.fast_path else agent.action_train
-        finite = True
+        agent.start_rollout()
+        lap("sync")
+
         try:
-            for _ in range(num_steps):
-                act()
-                if agent.done:
-                    break
-        except NonFiniteError:
-            finite = False
-        steps = len(agent.rewards)
-        if finite:
-            if args.fast_path:
-                agent.replay_rollout()
+            agent.play_rollout(num_steps)
+            lap("act+env")
+            agent.prepare_loss_inputs()
+            lap("replay")
             terms = a3c_loss(
-                agent.values,
-                agent.log_probs,
-                agent.rewards,
-                agent.entropies,
+                agent.values, agent.log_probs, agent.rewards, agent.entropies,
                 agent.bootstrap_value(),
-                args,
-            )
+                config.gamma, config.tau, config.entropy_coef, config.value_coef,
+            )  # fmt: skip
+            lap("loss")
             model.zero_grad(set_to_none=True)
             terms.total.backward()
             squares = stats.grad_squares(model)
             finite = update_is_finite(terms, squares)
+            lap("backward")
+        except NonFiniteError:  # the policy itself: nothing was sampled
+            finite = False
+        ctx.add_steps(len(agent.rewards))
         agent.clear_actions()
-        ctx.add_steps(steps)
-        if not finite:
+
+        if not finite:  # the shared model never sees it
             ctx.count_skipped()
             nonfinite_in_a_row += 1
             if nonfinite_in_a_row >= NONFINITE_LIMIT:
@@ -281,21 +350,26 @@ def run_worker(
             agent.done = True  # the LSTM state may hold the NaN too: start a new episode
             continue
         nonfinite_in_a_row = 0
-        stats.add(terms, squares)
+
         ensure_shared_grads(model, shared_model, gpu=on_gpu)
         optimizer.step()
-        if losses is not None:
-            losses.append(float(terms.total.item()))
+        lap("optimizer")
+
+        stats.add(terms, squares)
+        if on_update is not None:
+            on_update(terms)
         if time.monotonic() >= next_report:
             send_report()
             next_report = time.monotonic() + REPORT_SECONDS
+        lap("report")
     send_report()
     env.close()
 
 
 def train(
     rank: int,
-    args: argparse.Namespace,
+    config: TrainConfig,
+    env_conf: dict[str, int],
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
@@ -303,4 +377,4 @@ def train(
 ) -> None:
     """Process entry point of training worker `rank` (see `run_worker`)."""
     with child_process(f"Train Agent: {rank}", ctx):
-        run_worker(rank, args, shared_model, optimizer, ctx, normalizer=normalizer)
+        run_worker(rank, config, env_conf, shared_model, optimizer, ctx, normalizer)

@@ -20,14 +20,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils import (
-    OneLineParser,
-    UsageError,
-    env_config,
-    env_file_stem,
-    format_elapsed,
-    read_config,
-)
+from checkpoint import env_file_stem
+from environment import env_config, read_config
+from utils import OneLineParser, UsageError, format_elapsed
 
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "

@@ -41,7 +41,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model import A3Clstm, EncoderTape  # noqa: E402
+from fast_path import (  # noqa: E402
+    EncoderTape,
+    act_recorded,
+    replay_features,
+    sequence_from_features,
+)
+from model import A3Clstm  # noqa: E402
 
 STEPS = 20
 
@@ -49,7 +55,7 @@ STEPS = 20
 def make_model(device: torch.device, mode: str) -> A3Clstm:
     """The Pong network on `device`, laid out for `mode`."""
     args = argparse.Namespace(hidden_size=512)
-    model = A3Clstm(1, gym.spaces.Discrete(6), args).to(device)
+    model = A3Clstm(1, gym.spaces.Discrete(6), args.hidden_size).to(device)
     if mode == "channels_last":
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -108,8 +114,8 @@ def case_functions(
         h, c = hx, cx
         with torch.no_grad():
             for t in range(STEPS):
-                _, _, h, c = model(x20[t : t + 1], h, c, tape=tape)
-        values, logits = model.sequence_from_features(model.replay_features(tape), hx, cx)
+                _, _, h, c = act_recorded(model, x20[t : t + 1], h, c, tape)
+        values, logits = sequence_from_features(model, replay_features(model, tape), hx, cx)
         total = values.sum() + logits.logsumexp(1).sum()
         model.zero_grad(set_to_none=True)
         total.backward()

@@ -1,23 +1,28 @@
-"""Shared fixtures: the default configuration, the repository's config.json, GPU skipping."""
+"""Shared test helpers: the default configurations, config.json, CLI runs, process checks."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
-from main import parse_args
-from utils import read_config
+from cli import EvalConfig, TrainConfig, parse_eval_args, parse_train_args
+from environment import env_config, read_config
+from model import A3Clstm
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def args() -> argparse.Namespace:
+def args() -> TrainConfig:
     """The training defaults, as `main.py` with no flags would use them."""
-    return parse_args([])
+    return parse_train_args([])
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +30,76 @@ def config() -> dict:
     return read_config(ROOT / "config.json")
 
 
-def make_args(**overrides) -> argparse.Namespace:
-    """Default arguments with some fields replaced."""
-    args = parse_args([])
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+def make_args(**overrides) -> TrainConfig:
+    """The training defaults with some fields replaced (lists become tuples, as parsed)."""
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    return dataclasses.replace(parse_train_args([]), **values)
+
+
+def make_eval_args(**overrides) -> EvalConfig:
+    """The evaluation defaults with some fields replaced."""
+    return dataclasses.replace(parse_eval_args([]), **overrides)
+
+
+def env_kwargs(args: TrainConfig | EvalConfig) -> dict:
+    """What `make_env` takes from a configuration, besides the id and the crop entry."""
+    return {
+        "max_episode_length": args.max_episode_length,
+        "skip_rate": args.skip_rate,
+        "vector_obs_norm": args.vector_obs_norm,
+    }
+
+
+def crop(env_id: str) -> dict[str, int]:
+    """The repository config.json's entry for `env_id`."""
+    return env_config(read_config(ROOT / "config.json"), env_id)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# -- end-to-end runs of the CLI ------------------------------------------------------------------
+
+PONG = "PongNoFrameskip-v4"
+# Small and fast: short games so the test process finishes some, a small LSTM.
+PONG_FLAGS = ["--env", PONG, "--hidden-size", "32", "--max-episode-length", "60"]
+
+
+def run_cli(script: str, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, script, *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def folders(tmp_path: Path) -> list[str]:
+    return ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group `pgid`."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def wait_group_gone(pgid: int, seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def load_pong_dat(path: Path, hidden: int = 32) -> A3Clstm:
+    model = A3Clstm(1, gym.spaces.Discrete(6), hidden)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model

@@ -2,65 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
 import torch
 
+from cli import (
+    CommonConfig,
+    EvalConfig,
+    TrainConfig,
+    as_dict,
+    build_parser,
+    parse_eval_args,
+    parse_train_args,
+)
 from model import A3Clstm
-from tests.conftest import ROOT, make_args
-
-PONG = "PongNoFrameskip-v4"
-# Small and fast: short games so the test process finishes some, a small LSTM.
-PONG_FLAGS = ["--env", PONG, "--hidden-size", "32", "--max-episode-length", "60"]
-
-
-def run_cli(script: str, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, script, *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def folders(tmp_path: Path) -> list[str]:
-    return ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
-
-
-def group_alive(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group `pgid`."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
-    return alive
-
-
-def wait_group_gone(pgid: int, seconds: float = 10) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (alive := group_alive(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return alive
-
-
-def load_pong_dat(path: Path, hidden: int = 32) -> A3Clstm:
-    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=hidden))
-    model.load_state_dict(torch.load(path, weights_only=True))
-    return model
-
+from tests.conftest import (
+    PONG,
+    PONG_FLAGS,
+    ROOT,
+    folders,
+    group_alive,
+    load_pong_dat,
+    run_cli,
+    wait_group_gone,
+)
+from utils import UsageError
 
 # -- bad input ---------------------------------------------------------------------------------
 
@@ -102,6 +76,62 @@ def test_help_explains_every_flag():
     assert result.returncode == 0
     for flag in ("--max-steps", "--test-interval", "--no-shared-optimizer", "-dss", "--amsgrad"):
         assert flag in result.stdout
+
+
+# -- the typed configuration ---------------------------------------------------------------------
+
+ORIGINAL_SHORT_FLAGS = {
+    "-l": "lr", "-ec": "entropy_coef", "-vc": "value_coef", "-g": "gamma", "-t": "tau",
+    "-s": "seed", "-w": "workers", "-ns": "num_steps", "-mel": "max_episode_length",
+    "-ev": "env", "-so": "shared_optimizer", "-ld": "load", "-sm": "save_max", "-o": "optimizer",
+    "-lmd": "load_model_dir", "-smd": "save_model_dir", "-lg": "log_dir", "-gp": "gpu_ids",
+    "-a": "amsgrad", "-hs": "hidden_size", "-tl": "tensorboard_logger", "-evc": "env_config",
+    "-dss": "distributed_step_size",
+}  # fmt: skip
+"""main.py's short flags in the original A3G (A3G_REFERENCE.md) and the field each sets."""
+
+
+def test_the_originals_short_flags_keep_working():
+    parser = build_parser(TrainConfig, "")
+    for short, name in ORIGINAL_SHORT_FLAGS.items():
+        action = next(a for a in parser._actions if short in a.option_strings)
+        assert action.dest == name, short
+    eval_parser = build_parser(EvalConfig, "")
+    for short in ("-ev", "-evc", "-ne", "-lmd", "-lgd", "-r", "-rf", "-mel", "-nge", "-s",
+                  "-gid", "-hs", "-sk"):  # fmt: skip
+        assert any(short in a.option_strings for a in eval_parser._actions), short
+
+
+def test_shared_flags_are_declared_once_and_taken_by_both_scripts():
+    common = {f.name for f in dataclasses.fields(CommonConfig)}
+    assert common <= {f.name for f in dataclasses.fields(TrainConfig)}
+    assert common <= {f.name for f in dataclasses.fields(EvalConfig)}
+    for parse in (parse_train_args, parse_eval_args):
+        assert parse(["-lg", "a/"]).log_dir == "a/" and parse(["-lgd", "b/"]).log_dir == "b/"
+        assert parse(["-sk", "3", "-hs", "64"]).skip_rate == 3
+        assert parse(["--vector-obs-norm"]).vector_obs_norm is True
+
+
+def test_the_configuration_is_typed_frozen_and_documented():
+    config = parse_train_args(["-dss", "5", "10", "--no-shared-optimizer", "-l", "0.001"])
+    assert config.distributed_step_size == (5, 10) and config.gpu_ids == (-1,)
+    assert config.shared_optimizer is False and config.lr == 0.001
+    assert parse_train_args(["-so"]).shared_optimizer is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.lr = 1.0  # type: ignore[misc]
+    assert as_dict(config)["distributed_step_size"] == [5, 10]
+    for config_type in (TrainConfig, EvalConfig):
+        for f in dataclasses.fields(config_type):
+            assert f.metadata["help"].strip(), f"{f.name} has no one-line help"
+
+
+def test_bad_values_raise_a_usage_error_naming_the_value():
+    with pytest.raises(UsageError, match="--workers must be at least 1, got 0"):
+        parse_train_args(["--workers", "0"])
+    with pytest.raises(UsageError, match="--num-episodes must be at least 1, got 0"):
+        parse_eval_args(["--num-episodes", "0"])
+    with pytest.raises(UsageError, match=r"--gpu-ids mixes -1 \(CPU\) with GPU ids \[-1, 0\]"):
+        parse_train_args(["--gpu-ids", "-1", "0"])
 
 
 # -- Pong end to end ---------------------------------------------------------------------------
@@ -167,7 +197,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
 
 @pytest.mark.slow
 def test_gym_eval_records_videos(tmp_path):
-    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32))
+    model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     (tmp_path / "models").mkdir()
     torch.save(model.state_dict(), tmp_path / "models" / f"{PONG}.dat")
     result = run_cli(

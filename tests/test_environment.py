@@ -1,6 +1,8 @@
-"""The Atari wrapper stack on real ALE games, the vector-env path, and bad env input."""
+"""config.json, the Atari wrapper stack on real ALE games, the vector-env path, bad env input."""
 
 from __future__ import annotations
+
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -14,15 +16,17 @@ from environment import (
     NoopResetEnv,
     NormalizedEnv,
     atari_env,
+    env_config,
     find_normalizer,
     make_env,
     process_frame,
+    read_config,
     register_games,
     vector_env,
     was_real_done,
 )
-from tests.conftest import make_args
-from utils import UsageError, env_config
+from tests.conftest import ROOT
+from utils import UsageError
 
 register_games()
 gym.register(
@@ -82,7 +86,7 @@ def wrapper_types(env: gym.Env) -> list[type]:
 
 
 def test_noframeskip_stack_order_and_output(config):
-    env = atari_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), make_args())
+    env = atari_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
     types = wrapper_types(env)
     ours = [t for t in types if t.__module__ == "environment" or t is gym.wrappers.TimeLimit]
     assert ours == [
@@ -102,7 +106,7 @@ def test_noframeskip_stack_order_and_output(config):
 
 
 def test_v5_ids_skip_frames_only_once(config):
-    env = atari_env("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"), make_args())
+    env = atari_env("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"))
     assert MaxAndSkipEnv not in wrapper_types(env)
     assert NoopResetEnv not in wrapper_types(env)
     env.reset(seed=0)
@@ -113,7 +117,7 @@ def test_v5_ids_skip_frames_only_once(config):
 
 def test_same_seed_gives_same_observations(config):
     def rollout(seed: int) -> list[np.ndarray]:
-        env = make_env("PongNoFrameskip-v4", config, make_args())
+        env = make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
         obs, _ = env.reset(seed=seed)
         out = [obs]
         for action in [2, 3, 2, 2, 0, 3] * 5:
@@ -192,7 +196,7 @@ def test_life_loss_ends_episode_but_not_game():
 
 
 def test_was_real_done_is_reachable_from_the_full_stack(config):
-    env = make_env("BreakoutNoFrameskip-v4", config, make_args())
+    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
     env.reset(seed=1)
     steps_until_done(env)
     assert env.get_wrapper_attr("was_real_done") is False
@@ -207,11 +211,11 @@ def test_fire_reset_presses_fire_then_2_after_reset(config):
     env = FireResetEnv(rec)
     env.reset(seed=0)
     assert rec.actions == [1, 2]
-    full = make_env("BreakoutNoFrameskip-v4", config, make_args())
+    full = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
     assert FireResetEnv in wrapper_types(full)
     # Ms. Pac-Man has no FIRE action: no fire reset.
     assert FireResetEnv not in wrapper_types(
-        make_env("MsPacmanNoFrameskip-v4", config, make_args())
+        make_env("MsPacmanNoFrameskip-v4", env_config(config, "MsPacmanNoFrameskip-v4"))
     )
 
 
@@ -268,14 +272,19 @@ def test_normaliser_statistics_after_n_frames(config):
     other = NormalizedEnv(AtariRescale(gym.make("PongNoFrameskip-v4"), conf))
     other.load_state_dict(env.state_dict())
     assert other.state_dict() == env.state_dict()
-    assert find_normalizer(make_env("PongNoFrameskip-v4", config, make_args())) is not None
+    assert (
+        find_normalizer(make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
+        is not None
+    )
 
 
 # -- time limit --------------------------------------------------------------------------------
 
 
 def test_time_limit_binds_in_agent_steps(config):
-    env = make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=50))
+    env = make_env(
+        "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=50
+    )
     env.reset(seed=0)
     steps, terminated, truncated = steps_until_done(env)
     assert truncated and not terminated
@@ -285,16 +294,18 @@ def test_time_limit_binds_in_agent_steps(config):
 
 
 def test_time_limit_binds_for_v5_ids(config):
-    env = make_env("ALE/Pong-v5", config, make_args(max_episode_length=30))
+    env = make_env("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"), max_episode_length=30)
     env.reset(seed=0)
     steps, _, truncated = steps_until_done(env)
     assert truncated and steps == 30 - 2  # FIRE and action 2 at reset are steps too
 
 
 def test_long_limits_lift_ales_own_frame_cap(config):
-    env = make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=40_000))
+    env = make_env(
+        "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=40_000
+    )
     assert ale(env).getInt("max_num_frames_per_episode") == 160_000
-    env = make_env("PongNoFrameskip-v4", config, make_args())
+    env = make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
     assert ale(env).getInt("max_num_frames_per_episode") == 108_000
 
 
@@ -302,7 +313,7 @@ def test_long_limits_lift_ales_own_frame_cap(config):
 
 
 def test_vector_env_has_no_image_wrappers(config):
-    env = make_env("CartPole-v1", config, make_args())
+    env = make_env("CartPole-v1", env_config(config, "CartPole-v1"))
     assert not {AtariRescale, NormalizedEnv, EpisodicLifeEnv} & set(wrapper_types(env))
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4,)
@@ -312,23 +323,23 @@ def test_vector_env_has_no_image_wrappers(config):
         if any(env.step(steps % 2)[2:4]):
             break
     assert was_real_done(env)
-    assert make_env("Acrobot-v1", config, make_args()).observation_space.shape == (6,)
+    assert make_env("Acrobot-v1", env_config(config, "Acrobot-v1")).observation_space.shape == (6,)
 
 
 def test_vector_env_time_limits(config):
     # CartPole keeps its own 500-step limit under the default --max-episode-length 10000 ...
-    env = vector_env("CartPole-v1", make_args())
+    env = vector_env("CartPole-v1")
     assert env.get_wrapper_attr("_max_episode_steps") == 500
     # ... and a shorter one binds.
-    env = vector_env("CartPole-v1", make_args(max_episode_length=5))
+    env = vector_env("CartPole-v1", max_episode_length=5)
     env.reset(seed=0)
     results = [env.step(0) for _ in range(5)]
     assert results[-1][3] or results[-1][2]
 
 
 def test_vector_obs_norm_is_optional(config):
-    plain = vector_env("CartPole-v1", make_args())
-    normed = vector_env("CartPole-v1", make_args(vector_obs_norm=True))
+    plain = vector_env("CartPole-v1")
+    normed = vector_env("CartPole-v1", vector_obs_norm=True)
     assert gym.wrappers.NormalizeObservation not in wrapper_types(plain)
     assert gym.wrappers.NormalizeObservation in wrapper_types(normed)
 
@@ -338,7 +349,7 @@ def test_vector_obs_norm_is_optional(config):
 
 def test_unknown_id_suggests_close_ids(config):
     with pytest.raises(UsageError, match="unknown env id 'PongNoFrameSkip-v4'.*PongNoFrameskip-v4"):
-        make_env("PongNoFrameSkip-v4", config, make_args())
+        make_env("PongNoFrameSkip-v4", env_config(config, "PongNoFrameSkip-v4"))
 
 
 @pytest.mark.parametrize(
@@ -354,13 +365,70 @@ def test_unknown_id_suggests_close_ids(config):
 def test_wrong_kind_of_env_is_rejected(config, builder, env_id, message):
     with pytest.raises(UsageError, match=message):
         if builder == "atari":
-            atari_env(env_id, config["Default"], make_args())
+            atari_env(env_id, config["Default"])
         else:
-            vector_env(env_id, make_args())
+            vector_env(env_id)
 
 
 def test_bad_limits_are_rejected(config):
     with pytest.raises(UsageError, match="--max-episode-length must be at least 1, got 0"):
-        make_env("PongNoFrameskip-v4", config, make_args(max_episode_length=0))
+        make_env(
+            "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=0
+        )
     with pytest.raises(UsageError, match="--skip-rate must be at least 1, got -2"):
-        make_env("PongNoFrameskip-v4", config, make_args(skip_rate=-2))
+        make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), skip_rate=-2)
+
+
+# -- config.json ---------------------------------------------------------------------------------
+
+
+def test_repository_config_has_the_original_entries(config):
+    assert config["Pong"] == {"crop1": 34, "crop2": 34, "dimension2": 80}
+    assert config["Asteroids"] == {"crop1": 16, "crop2": 34, "dimension2": 94}
+    assert config["VideoPinball"] == {"crop1": 42, "crop2": 60, "dimension2": 89}
+    assert len(config) == 12
+
+
+def test_env_config_matches_substrings_else_default(config):
+    assert env_config(config, "PongNoFrameskip-v4") is config["Pong"]
+    assert env_config(config, "ALE/SpaceInvaders-v5") is config["SpaceInvaders"]
+    assert env_config(config, "TennisNoFrameskip-v4") is config["Default"]
+    # The last matching key in file order wins, as in the original.
+    both = {"Default": config["Default"], "Pong": {"crop1": 1}, "NoFrameskip": {"crop1": 2}}
+    assert env_config(both, "PongNoFrameskip-v4") == {"crop1": 2}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", r"is not valid JSON \(line 1"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"Pong": {"crop1": 34, "crop2": 34, "dimension2": 80}}', 'no "Default" entry'),
+        ('{"Default": {"crop1": 34}}', "needs an integer 'crop2', got None"),
+        ('{"Default": {"crop1": "34", "crop2": 34, "dimension2": 80}}', "integer 'crop1'"),
+        ('{"Default": {"crop1": 200, "crop2": 0, "dimension2": 80}}', "which is empty"),
+        ('{"Default": 5}', "entry 'Default' must be an object"),
+    ],
+)
+def test_malformed_config_is_rejected_with_the_reason(tmp_path, text, message):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        read_config(path)
+
+
+def test_missing_config_names_the_path_and_the_flag(tmp_path):
+    with pytest.raises(UsageError, match=r"nope\.json' not found; pass --env-config"):
+        read_config(tmp_path / "nope.json")
+
+
+def test_config_round_trips_through_json(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(json.loads((ROOT / "config.json").read_text())))
+    assert read_config(path) == read_config(ROOT / "config.json")
+
+
+def test_an_entry_without_the_unread_dimension2_is_accepted(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{"Default": {"crop1": 34, "crop2": 34}, "Pong": {"crop1": 30, "crop2": 30}}')
+    assert env_config(read_config(path), "PongNoFrameskip-v4") == {"crop1": 30, "crop2": 30}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from model import A3Clstm, A3CMlp, build_model
-from tests.conftest import make_args
+from fast_path import EncoderTape, act_recorded, encode_recorded, max_unpool, replay_features
+from model import A3Clstm, A3CMlp, build_model, norm_col_init
 from utils import UsageError
 
 ORIGINAL_KEYS = [
@@ -26,7 +26,7 @@ FRAMES = gym.spaces.Box(-np.inf, np.inf, (1, 80, 80), np.float32)
 @pytest.fixture(scope="module")
 def model() -> A3Clstm:
     torch.manual_seed(0)
-    return A3Clstm(1, gym.spaces.Discrete(6), make_args())
+    return A3Clstm(1, gym.spaces.Discrete(6))
 
 
 def test_forward_shapes(model):
@@ -54,7 +54,7 @@ def test_state_dict_keys_and_shapes_match_the_original(model):
 
 
 def test_hidden_size_flag_sizes_the_lstm():
-    m = A3Clstm(1, gym.spaces.Discrete(4), make_args(hidden_size=64))
+    m = A3Clstm(1, gym.spaces.Discrete(4), 64)
     assert m.lstm.hidden_size == 64 and m.actor_linear.weight.shape == (4, 64)
 
 
@@ -102,7 +102,7 @@ def test_first_policy_is_near_uniform(model):
 def test_checkpoint_round_trip_with_weights_only(model, tmp_path):
     path = tmp_path / "PongNoFrameskip-v4.dat"
     torch.save(model.state_dict(), path)
-    loaded = A3Clstm(1, gym.spaces.Discrete(6), make_args())
+    loaded = A3Clstm(1, gym.spaces.Discrete(6))
     loaded.load_state_dict(torch.load(path, weights_only=True))
     x = torch.randn(1, 1, 80, 80)
     hx, cx = model.initial_state()
@@ -122,9 +122,8 @@ def test_every_parameter_gets_a_gradient(model):
 
 
 def test_build_model_picks_the_network_from_the_observation_space():
-    args = make_args(hidden_size=32)
-    assert isinstance(build_model(FRAMES, gym.spaces.Discrete(6), args), A3Clstm)
-    mlp = build_model(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), args)
+    assert isinstance(build_model(FRAMES, gym.spaces.Discrete(6), 32), A3Clstm)
+    mlp = build_model(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), 32)
     assert isinstance(mlp, A3CMlp)
     hx, cx = mlp.initial_state(5)
     value, logits, hx, cx = mlp(torch.randn(5, 4), hx, cx)
@@ -144,7 +143,7 @@ def test_build_model_picks_the_network_from_the_observation_space():
 )
 def test_build_model_rejects_spaces_it_cannot_use(obs, act, message):
     with pytest.raises(UsageError, match=message):
-        build_model(obs, act, make_args())
+        build_model(obs, act)
 
 
 # -- the encoder tape (fast path) ----------------------------------------------------------------
@@ -152,13 +151,11 @@ def test_build_model_rejects_spaces_it_cannot_use(obs, act, message):
 
 def taped_gradients(model, frames: torch.Tensor, tape) -> list[torch.Tensor]:
     """Record `frames` one step at a time without autograd, replay, backprop a fixed loss."""
-    from model import EncoderTape
-
     tape = EncoderTape() if tape is None else tape
     tape.clear()
     with torch.no_grad():
-        recorded = [model.encode_recorded(frames[t : t + 1], tape) for t in range(len(frames))]
-    features = model.replay_features(tape)
+        recorded = [encode_recorded(model, frames[t : t + 1], tape) for t in range(len(frames))]
+    features = replay_features(model, tape)
     torch.testing.assert_close(features, torch.cat(recorded), rtol=0, atol=0)
     model.zero_grad(set_to_none=True)
     (features * torch.linspace(-1, 1, features.shape[1])).sum().backward()
@@ -168,10 +165,8 @@ def taped_gradients(model, frames: torch.Tensor, tape) -> list[torch.Tensor]:
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_encoder_tape_gives_the_gradients_of_autograd(channels_last):
     """Two rollouts on one tape (the second longer than its first buffers) vs autograd."""
-    from model import EncoderTape
-
     torch.manual_seed(0)
-    model = A3Clstm(1, gym.spaces.Discrete(6), make_args())
+    model = A3Clstm(1, gym.spaces.Discrete(6))
     if channels_last:
         model.use_channels_last()
     tape = EncoderTape()
@@ -189,8 +184,6 @@ def test_encoder_tape_gives_the_gradients_of_autograd(channels_last):
 
 
 def test_max_unpool_is_the_max_pool_backward_bit_for_bit():
-    from model import _max_unpool
-
     for size in ((3, 32, 80, 80), (2, 64, 9, 9)):  # even, and odd (last row/column dropped)
         x = torch.randn(size).contiguous(memory_format=torch.channels_last)
         pooled, indices = torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True)
@@ -198,14 +191,20 @@ def test_max_unpool_is_the_max_pool_backward_bit_for_bit():
         expected = torch.ops.aten.max_pool2d_with_indices_backward(
             grad, x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices
         )
-        assert torch.equal(_max_unpool(grad, indices, x.shape), expected)
+        assert torch.equal(max_unpool(grad, indices, x.shape), expected)
 
 
 def test_recording_needs_no_grad(model):
-    from model import EncoderTape
-
     hx, cx = model.initial_state()
     with pytest.raises(RuntimeError, match="no_grad"):
-        model(torch.zeros(1, 1, 80, 80), hx, cx, tape=EncoderTape())
+        act_recorded(model, torch.zeros(1, 1, 80, 80), hx, cx, EncoderTape())
     with pytest.raises(RuntimeError, match="needs steps"):
-        model.replay_features(EncoderTape())
+        replay_features(model, EncoderTape())
+
+
+# -- init ----------------------------------------------------------------------------------------
+
+
+def test_norm_col_init_rescales_each_row():
+    out = norm_col_init(torch.empty(7, 40), 0.25)
+    torch.testing.assert_close(out.norm(dim=1), torch.full((7,), 0.25))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from environment import make_env
+from environment import env_config, make_env
 from model import build_model
 from player_util import Agent
-from tests.conftest import make_args, requires_cuda
+from tests.conftest import requires_cuda
 
 
 class ScriptedEnv(gym.Env):
@@ -39,7 +39,7 @@ class ScriptedEnv(gym.Env):
 
 def make_agent(env: gym.Env, **kwargs) -> Agent:
     torch.manual_seed(0)
-    model = build_model(env.observation_space, env.action_space, make_args(hidden_size=16))
+    model = build_model(env.observation_space, env.action_space, 16)
     return Agent(model, env, **kwargs)
 
 
@@ -49,7 +49,7 @@ def test_action_train_records_one_entry_per_step_and_clips_rewards():
     for _ in range(4):
         agent.action_train()
     assert agent.rewards == [1.0, -1.0, 0.5, 0.0]
-    assert agent.raw_reward == 0.0 and agent.done and agent.eps_len == 4
+    assert agent.raw_reward == 0.0 and agent.done and len(agent.actions) == 4
     assert len(agent.values) == len(agent.log_probs) == len(agent.entropies) == 4
     assert agent.values[0].shape == (1, 1) and agent.log_probs[0].shape == (1, 1)
     assert all(v.requires_grad for v in agent.values)
@@ -130,7 +130,7 @@ def test_bootstrap_value_is_zero_after_terminal_step():
 
 
 def test_real_done_separates_life_loss_from_game_over(config):
-    env = make_env("BreakoutNoFrameskip-v4", config, make_args(hidden_size=16))
+    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
     agent = make_agent(env)
     agent.reset(seed=0)
     while not agent.done:
@@ -143,7 +143,7 @@ def test_real_done_separates_life_loss_from_game_over(config):
 @pytest.mark.gpu
 def test_agent_runs_on_gpu():
     env = ScriptedEnv([1.0] * 5)
-    model = build_model(env.observation_space, env.action_space, make_args(hidden_size=16))
+    model = build_model(env.observation_space, env.action_space, 16)
     agent = Agent(model.cuda(), env, device="cuda")
     agent.reset()
     agent.action_train().action_train()
@@ -158,7 +158,7 @@ def test_fast_path_tape_buffers_are_reused_across_rollouts():
     from model import A3Clstm
 
     torch.manual_seed(0)
-    model = A3Clstm(1, gym.spaces.Discrete(3), make_args(hidden_size=16)).use_channels_last()
+    model = A3Clstm(1, gym.spaces.Discrete(3), 16).use_channels_last()
 
     class Frames(gym.Env):
         observation_space = gym.spaces.Box(-1, 1, (1, 80, 80), np.float32)
@@ -170,13 +170,12 @@ def test_fast_path_tape_buffers_are_reused_across_rollouts():
         def step(self, action):
             return np.random.rand(1, 80, 80).astype(np.float32), 0.0, False, False, {}
 
-    agent = Agent(model, Frames())
+    agent = Agent(model, Frames(), fast_path=True)
     agent.reset()
     pointers = []
     for _ in range(3):
-        for _ in range(5):
-            agent.action_explore()
-        agent.replay_rollout()
+        assert agent.play_rollout(5) == 5
+        agent.prepare_loss_inputs()
         pointers.append(agent.tape.get("relu0").data_ptr())
         assert len(agent.tape) == 5
         agent.clear_actions()

@@ -23,20 +23,25 @@ import torch
 import torch.multiprocessing as mp
 
 import train
+from checkpoint import TrainingState
+from cli import parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
-from main import Launcher, parse_args
+from main import Child, prepare
 from model import A3Clstm, build_model
-from tests.conftest import ROOT, make_args
-from tests.test_cli import (
+from tests.conftest import (
     PONG,
     PONG_FLAGS,
+    ROOT,
+    crop,
+    env_kwargs,
     folders,
     group_alive,
     load_pong_dat,
+    make_args,
     run_cli,
     wait_group_gone,
 )
-from utils import FatalRunError, ProcessContext, load_training_state, read_config
+from utils import FatalRunError, ProcessContext
 from visualize import parse_log
 
 CONFIG = str(ROOT / "config.json")
@@ -47,13 +52,13 @@ CONFIG = str(ROOT / "config.json")
 
 def test_frame_normaliser_statistics_round_trip():
     args = make_args(env=PONG)
-    env = make_env(PONG, read_config(CONFIG), args)
+    env = make_env(PONG, crop(PONG), **env_kwargs(args))
     env.reset(seed=0)
     for _ in range(20):
         env.step(0)
     saved = normalizer_state(env)
     assert saved["kind"] == "frames" and saved["num_steps"] > 20
-    fresh = make_env(PONG, read_config(CONFIG), args)
+    fresh = make_env(PONG, crop(PONG), **env_kwargs(args))
     assert load_normalizer_state(fresh, saved)
     assert normalizer_state(fresh) == saved
     env.close()
@@ -62,17 +67,17 @@ def test_frame_normaliser_statistics_round_trip():
 
 def test_vector_normaliser_statistics_round_trip(tmp_path):
     args = make_args(env="CartPole-v1", vector_obs_norm=True)
-    env = make_env("CartPole-v1", read_config(CONFIG), args)
+    env = make_env("CartPole-v1", crop("CartPole-v1"), **env_kwargs(args))
     env.reset(seed=0)
     for _ in range(10):
         env.step(0)
     saved = normalizer_state(env)
     torch.save(saved, tmp_path / "n.pt")
     loaded = torch.load(tmp_path / "n.pt", weights_only=True)
-    fresh = make_env("CartPole-v1", read_config(CONFIG), args)
+    fresh = make_env("CartPole-v1", crop("CartPole-v1"), **env_kwargs(args))
     assert load_normalizer_state(fresh, loaded)
     assert normalizer_state(fresh) == saved
-    plain = make_env("CartPole-v1", read_config(CONFIG), make_args(env="CartPole-v1"))
+    plain = make_env("CartPole-v1", crop("CartPole-v1"))
     assert normalizer_state(plain) is None and not load_normalizer_state(plain, saved)
 
 
@@ -100,15 +105,18 @@ def run_poisoned_worker(monkeypatch, poisoned, max_steps: int):
         train, "make_env", lambda *a, **k: PoisonObservations(real_make_env(*a, **k), poisoned)
     )
     args = make_args(env="CartPole-v1", hidden_size=16, num_steps=5, env_config=CONFIG)
-    env = make_env(args.env, read_config(CONFIG), args)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
     torch.manual_seed(0)
-    shared = build_model(env.observation_space, env.action_space, args)
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     before = [p.detach().clone() for p in shared.parameters()]
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=max_steps)
     losses: list[float] = []
     error = None
     try:
-        train.run_worker(0, args, shared, None, ctx, losses)
+        train.run_worker(
+            0, args, crop(args.env), shared, None, ctx,
+            on_update=lambda terms: losses.append(terms.total.item()),
+        )  # fmt: skip
     except FatalRunError as err:
         error = err
     return shared, before, ctx, losses, error
@@ -146,11 +154,12 @@ PONG_SMALL = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0"]
 def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_tensorboard(
     tmp_path,
 ):
-    flags = [*PONG_SMALL, "--tensorboard-logger", *folders(tmp_path)]
+    # --test-niceness 0: the first part must finish a test game even on a busy machine.
+    flags = [*PONG_SMALL, "--tensorboard-logger", "--test-niceness", "0", *folders(tmp_path)]
     result = run_cli("main.py", *flags, "--max-steps", "300", timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     state_path = tmp_path / "models" / f"{PONG}_state.pt"
-    saved = load_training_state(state_path)
+    saved = TrainingState.read_file(state_path)
     assert saved["steps"] >= 300 and saved["optimizer"]["state"]
     assert saved["normalizers"]["0"]["num_steps"] > 0 and saved["test_rewards"]
     log_path = tmp_path / "logs" / f"{PONG}_log"
@@ -158,7 +167,7 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
 
     # In process: the launcher built for --load holds exactly what was saved.
     load_flags = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
-    launcher = Launcher(parse_args([*load_flags, "--max-steps", "600"]))
+    launcher = prepare(parse_train_args([*load_flags, "--max-steps", "600"]))
     try:
         assert launcher.ctx.total_steps() == saved["steps"]
         assert launcher.ctx.total_skipped() == saved["skipped_updates"]
@@ -170,12 +179,13 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
             for name, value in entry.items():
                 assert torch.equal(restored[index][name], value), (index, name)
         assert launcher.monitor.rewards == saved["test_rewards"]
-        assert launcher.args.tensorboard_dir == saved["tensorboard_dir"]
-        worker_args = launcher.specs["Train Agent: 0"][1]
+        assert launcher.tensorboard_dir == saved["tensorboard_dir"]
+        _, worker_args = launcher.process_target(Child(0))
         assert worker_args[-1] == saved["normalizers"]["0"]
-        test_args = launcher.specs["Test Agent"][1][-1]
-        assert test_args["games"] == saved["test"]["games"]
-        assert test_args["normalizer"] == saved["normalizers"]["test"]
+        _, test_args = launcher.process_target(Child(None))
+        rewards, normalizer = test_args[-2:]
+        assert len(rewards) == saved["test"]["games"]
+        assert normalizer == saved["normalizers"]["test"]
     finally:
         if launcher.monitor.writer is not None:
             launcher.monitor.writer.close()
@@ -190,7 +200,7 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     assert log.startswith(first_log) and len(log) > len(first_log)
     # The curve's reading of the log covers both parts of the run.
     assert len(parse_log(log_path)) == log.count("episode reward") > 0
-    again = load_training_state(state_path)
+    again = TrainingState.read_file(state_path)
     assert again["steps"] >= 900
     step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
     saved_counts = [int(e["step"]) for e in saved["optimizer"]["state"].values()]
@@ -198,31 +208,32 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     assert again["test_rewards"][: len(saved["test_rewards"])] == saved["test_rewards"]
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["resumed_from"] == str(state_path)
-    assert len(record["previous_runs"]) == 2  # the first run, and the in-process launcher
+    # The first run only: the in-process launcher above never ran, and writes nothing until then.
+    assert len(record["previous_runs"]) == 1
     assert record["previous_runs"][0]["finished"]["steps"] >= 300
 
 
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
     flags = [*PONG_SMALL, "--amsgrad", *folders(tmp_path)]
-    first = Launcher(parse_args([*flags, "--lr", "0.0001"]))
+    first = prepare(parse_train_args([*flags, "--lr", "0.0001"]))
     first.save_state()
     load = ["--load", "--load-model-dir", str(tmp_path / "models")]
     with caplog.at_level("INFO", logger="a3g.main"):
-        resumed = Launcher(parse_args([*flags, *load, "--lr", "0.00005"]))
+        resumed = prepare(parse_train_args([*flags, *load, "--lr", "0.00005"]))
     assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.00005]
     assert resumed.optimizer.param_groups[0]["amsgrad"] is True
     assert "optimizer lr was 0.0001 in the training state; this run uses 5e-05" in caplog.text
 
     caplog.clear()
     with caplog.at_level("INFO", logger="a3g.main"):
-        same = Launcher(parse_args([*flags, *load, "--lr", "0.0001"]))
+        same = prepare(parse_train_args([*flags, *load, "--lr", "0.0001"]))
     assert same.optimizer.param_groups[0]["lr"] == 0.0001
     assert "resumed from" in caplog.text and "optimizer lr was" not in caplog.text
 
 
 @pytest.mark.slow
 def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_path):
-    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32))
+    model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     (tmp_path / "in").mkdir()
     torch.save(model.state_dict(), tmp_path / "in" / f"{PONG}.dat")
     result = run_cli(
@@ -268,7 +279,7 @@ def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
     proc = start_run(tmp_path, *PONG_FLAGS, "--workers", "2", "--state-interval", "1")
     try:
         wait_for(lambda: state_path.exists(), 90, "the first training-state file")
-        wait_for(lambda: load_training_state(state_path)["steps"] > 0, 60, "counted steps")
+        wait_for(lambda: TrainingState.read_file(state_path)["steps"] > 0, 60, "counted steps")
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=10)
         # The children notice their parent is gone and stop by themselves.
@@ -276,7 +287,7 @@ def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
     finally:
         if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
-    saved = load_training_state(state_path)
+    saved = TrainingState.read_file(state_path)
     result = run_cli(
         "main.py", *PONG_FLAGS, "--workers", "1", "--load",
         "--load-model-dir", str(tmp_path / "models"), "--max-steps", str(saved["steps"] + 100),
@@ -284,7 +295,7 @@ def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resumed from {state_path}: step {saved['steps']:,}" in result.stderr
-    assert load_training_state(state_path)["steps"] >= saved["steps"] + 100
+    assert TrainingState.read_file(state_path)["steps"] >= saved["steps"] + 100
 
 
 # -- crashed workers -------------------------------------------------------------------------------
@@ -337,7 +348,7 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_files_saved(tmp_path):
     assert stderr.count("restarting it with the latest weights") == 3
     assert wait_group_gone(proc.pid) == []
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
-    assert load_training_state(tmp_path / "models" / f"{PONG}_state.pt")["steps"] > 0
+    assert TrainingState.read_file(tmp_path / "models" / f"{PONG}_state.pt")["steps"] > 0
 
 
 def _exit_with(code: int) -> None:
@@ -350,17 +361,17 @@ def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(tmp_path, cod
     from utils import FATAL_EXIT
 
     assert FATAL_EXIT == 3
-    launcher = Launcher(parse_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     dead = launcher.mp.Process(target=_exit_with, args=(code,))
     dead.start()
     dead.join()
     # What a restart would run: a child that exits at once, instead of a real worker.
-    launcher.child_specs = lambda *_: {"Train Agent: 0": (_exit_with, (0,))}
-    assert launcher._handle_death("Train Agent: 0", dead) is restarted
+    launcher.process_target = lambda child: (_exit_with, (0,))
+    assert launcher._handle_death(Child(0), dead) is restarted
     assert launcher.failed is not restarted
     if restarted:
-        launcher.processes["Train Agent: 0"].join(30)
-        assert launcher.processes["Train Agent: 0"].exitcode == 0
+        launcher.processes[Child(0)].join(30)
+        assert launcher.processes[Child(0)].exitcode == 0
     else:
         assert f"exit code {FATAL_EXIT}" in launcher.stop_reason
     if launcher.monitor.writer is not None:
@@ -416,7 +427,7 @@ class RunsCode:
 
 def bad_dat_files(folder: Path) -> dict[str, tuple[str, str]]:
     """Make each bad checkpoint in its own folder: name -> (folder, expected message)."""
-    good = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32)).state_dict()
+    good = A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict()
     out = {}
 
     def place(name: str, write, message: str) -> None:
@@ -430,9 +441,9 @@ def bad_dat_files(folder: Path) -> dict[str, tuple[str, str]]:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     place("truncated", truncated, "is truncated or not a PyTorch file")
-    breakout = A3Clstm(1, gym.spaces.Discrete(4), make_args(hidden_size=32)).state_dict()
+    breakout = A3Clstm(1, gym.spaces.Discrete(4), 32).state_dict()
     place("other-game", lambda p: torch.save(breakout, p), "saved for a game with 4 actions")
-    bigger = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=64)).state_dict()
+    bigger = A3Clstm(1, gym.spaces.Discrete(6), 64).state_dict()
     place("other-hidden", lambda p: torch.save(bigger, p), "saved with --hidden-size 64")
     marker = folder / "code-ran"
     place(
@@ -483,7 +494,7 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp
 
 @pytest.mark.slow
 def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
-    good = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32)).state_dict()
+    good = A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict()
     cases = {
         "truncated": (b"PK\x03\x04 half a file", "is truncated or not a PyTorch file"),
         "not-a-state": (None, "is not an A3G training-state file"),

@@ -1,16 +1,21 @@
-"""The worker: the A3C loss on a hand-worked rollout, step sizes, same-seed determinism."""
+"""The worker: the A3C loss by hand, step sizes, same-seed determinism, the gradient hand-off."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
 from environment import make_env
+from fast_path import sequence_from_features
 from model import build_model
-from tests.conftest import ROOT, make_args, requires_cuda
-from train import a3c_loss, make_optimizer, run_worker, step_size_for
-from utils import ProcessContext, read_config
+from shared_optim import SharedAdam
+from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
+from train import a3c_loss, ensure_shared_grads, make_optimizer, run_worker, step_size_for
+from utils import ProcessContext
 
 
 def rollout_tensors():
@@ -23,8 +28,10 @@ def rollout_tensors():
 def test_loss_matches_a_rollout_worked_by_hand():
     """gamma 0.9, tau 0.5, entropy 0.1, bootstrap 0.4 (worked out in the comments)."""
     values, log_probs, rewards, entropies = rollout_tensors()
-    args = make_args(gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5)
-    terms = a3c_loss(values, log_probs, rewards, entropies, torch.tensor([[0.4]]), args)
+    terms = a3c_loss(
+        values, log_probs, rewards, entropies, torch.tensor([[0.4]]),
+        gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5,
+    )  # fmt: skip
     # Backwards: R = -0.64, -0.576, 0.4816; advantages -0.34, -0.776, -0.0184
     # value loss = 0.5 * (0.34^2 + 0.776^2 + 0.0184^2) = 0.35905728
     # deltas -0.34, -0.47, 0.68; gae -0.34, -0.623, 0.39965
@@ -44,29 +51,29 @@ def test_loss_matches_a_rollout_worked_by_hand():
 
 
 def test_value_coef_is_really_used():
-    args = make_args(gamma=0.9, tau=0.5, entropy_coef=0.1)
     totals = {}
     for coef in (0.0, 0.5, 2.0):
-        args.value_coef = coef
         values, log_probs, rewards, entropies = rollout_tensors()
         totals[coef] = a3c_loss(
-            values, log_probs, rewards, entropies, torch.zeros(1, 1), args
-        ).total.item()
+            values, log_probs, rewards, entropies, torch.zeros(1, 1),
+            gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=coef,
+        ).total.item()  # fmt: skip
     assert totals[0.5] - totals[0.0] == pytest.approx(0.25 * (totals[2.0] - totals[0.0]))
     assert totals[2.0] != totals[0.0]
 
 
 def test_terminal_rollout_bootstraps_from_zero():
     values, log_probs, _, entropies = rollout_tensors()
-    args = make_args(gamma=1.0, tau=1.0, entropy_coef=0.0)
-    terms = a3c_loss(values[:1], log_probs[:1], [1.0], entropies[:1], torch.zeros(1, 1), args)
+    terms = a3c_loss(
+        values[:1], log_probs[:1], [1.0], entropies[:1], torch.zeros(1, 1),
+        gamma=1.0, tau=1.0, entropy_coef=0.0, value_coef=0.5,
+    )  # fmt: skip
     assert terms.value_loss.item() == pytest.approx(0.5 * (1.0 - 0.5) ** 2)
 
 
 def test_distributed_step_sizes_are_dealt_round_robin():
-    args = make_args(distributed_step_size=[16, 32, 64])
-    assert [step_size_for(rank, args) for rank in range(5)] == [16, 32, 64, 16, 32]
-    assert step_size_for(3, make_args(num_steps=7)) == 7
+    assert [step_size_for(rank, 20, [16, 32, 64]) for rank in range(5)] == [16, 32, 64, 16, 32]
+    assert step_size_for(3, 7, []) == 7
 
 
 # -- the real worker loop ----------------------------------------------------------------------
@@ -74,15 +81,18 @@ def test_distributed_step_sizes_are_dealt_round_robin():
 
 def worker_losses(args, updates: int, device: str = "cpu") -> tuple[list[float], torch.nn.Module]:
     torch.manual_seed(args.seed)
-    env = make_env(args.env, read_config(ROOT / "config.json"), args)
-    shared = build_model(env.observation_space, env.action_space, args)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     env.close()
     shared.share_memory()
-    optimizer = make_optimizer(shared.parameters(), args)
+    optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
     optimizer.share_memory()
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=updates * args.num_steps)
     losses: list[float] = []
-    run_worker(0, args, shared, optimizer, ctx, losses)
+    run_worker(
+        0, args, crop(args.env), shared, optimizer, ctx,
+        on_update=lambda terms: losses.append(terms.total.item()),
+    )  # fmt: skip
     return losses, shared
 
 
@@ -94,8 +104,7 @@ def test_same_seed_gives_identical_losses_on_pong():
     second, _ = worker_losses(args, updates=4)
     assert len(first) == 4
     assert first == second
-    args.seed = 2
-    other, _ = worker_losses(args, updates=4)
+    other, _ = worker_losses(replace(args, seed=2), updates=4)
     assert other != first
 
 
@@ -104,8 +113,8 @@ def test_worker_changes_the_shared_model():
     torch.manual_seed(args.seed)
     _, shared = worker_losses(args, updates=3)
     torch.manual_seed(args.seed)
-    env = make_env(args.env, read_config(ROOT / "config.json"), args)
-    untouched = build_model(env.observation_space, env.action_space, args)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    untouched = build_model(env.observation_space, env.action_space, args.hidden_size)
     changed = [
         not torch.equal(p, q)
         for p, q in zip(shared.parameters(), untouched.parameters(), strict=True)
@@ -116,11 +125,11 @@ def test_worker_changes_the_shared_model():
 def test_worker_with_its_own_optimizer():
     args = make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
     torch.manual_seed(args.seed)
-    env = make_env(args.env, read_config(ROOT / "config.json"), args)
-    shared = build_model(env.observation_space, env.action_space, args)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     before = [p.clone() for p in shared.parameters()]
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=60)
-    run_worker(0, args, shared, None, ctx)
+    run_worker(0, args, crop(args.env), shared, None, ctx)
     assert ctx.total_steps() >= 60
     assert any(not torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
 
@@ -144,31 +153,23 @@ def pong_rollout_grads(fast: bool, steps: int = 12) -> tuple[float, list[torch.T
     from player_util import Agent
 
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    env = make_env(args.env, read_config(ROOT / "config.json"), args)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
     torch.manual_seed(0)
-    model = build_model(env.observation_space, env.action_space, args)
+    model = build_model(env.observation_space, env.action_space, args.hidden_size)
     if fast:
         model.use_channels_last()
-    agent = Agent(model, env)
+    agent = Agent(model, env, fast_path=fast)
     agent.reset(seed=3)
     for _ in range(30):  # get into the game, with a non-zero LSTM state
         agent.action_test()
     agent.detach_lstm()
     torch.manual_seed(42)
-    actions = []
-    for _ in range(steps):
-        if fast:
-            agent.action_explore()
-            actions.append(agent.explored_actions[-1])
-        else:
-            agent.action_train()
-        if agent.done:
-            break
-    if fast:
-        agent.replay_rollout()
+    agent.play_rollout(steps)
+    actions = list(agent.actions)
+    agent.prepare_loss_inputs()
     terms = a3c_loss(
-        agent.values, agent.log_probs, agent.rewards, agent.entropies,
-        agent.bootstrap_value(), args,
+        agent.values, agent.log_probs, agent.rewards, agent.entropies, agent.bootstrap_value(),
+        args.gamma, args.tau, args.entropy_coef, args.value_coef,
     )  # fmt: skip
     model.zero_grad(set_to_none=True)
     terms.total.backward()
@@ -188,15 +189,12 @@ def test_fast_and_reference_workers_give_the_same_losses_on_pong():
     args = make_args(
         env="PongNoFrameskip-v4", hidden_size=32, num_steps=10, env_config=str(ROOT / "config.json")
     )
-    args.fast_path = False
-    reference, _ = worker_losses(args, updates=4)
-    args.fast_path = True
-    fast, _ = worker_losses(args, updates=4)
+    reference, _ = worker_losses(replace(args, fast_path=False), updates=4)
+    fast, _ = worker_losses(replace(args, fast_path=True), updates=4)
     assert fast == pytest.approx(reference, rel=1e-4, abs=1e-5)
 
 
-def test_forward_sequence_matches_step_by_step_forward():
-    args = make_args(hidden_size=16)
+def test_fused_lstm_sequence_matches_step_by_step_forward():
     import gymnasium as gym
 
     for obs_space in (
@@ -204,12 +202,81 @@ def test_forward_sequence_matches_step_by_step_forward():
         gym.spaces.Box(-1, 1, (4,)),
     ):
         torch.manual_seed(0)
-        model = build_model(obs_space, gym.spaces.Discrete(3), args)
+        model = build_model(obs_space, gym.spaces.Discrete(3), 16)
         x = torch.randn(7, *obs_space.shape)
         hx, cx = torch.randn(1, 16), torch.randn(1, 16)
-        values, logits = model.forward_sequence(x, hx, cx)
+        values, logits = sequence_from_features(model, model.encode(x), hx, cx)
         h, c = hx, cx
         for t in range(7):
             v, lg, h, c = model(x[t : t + 1], h, c)
             torch.testing.assert_close(values[t : t + 1], v, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(logits[t : t + 1], lg, rtol=1e-5, atol=1e-6)
+
+
+# -- the gradient hand-off ------------------------------------------------------------------------
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _backward(model: nn.Module, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    model.zero_grad(set_to_none=True)  # what torch 2.x optimizers and modules do by default
+    (model(torch.randn(4, 5, generator=gen)) * torch.randn(4, 2, generator=gen)).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_two_updates_in_a_row_hand_over_the_second_gradient():
+    """Regression for the original's defect: the shared model kept the first gradient."""
+    local, shared = _net(), _net()
+    shared.share_memory()
+    first = _backward(local, seed=1)
+    ensure_shared_grads(local, shared)
+    second = _backward(local, seed=2)
+    ensure_shared_grads(local, shared)
+    for shared_param, g1, g2 in zip(shared.parameters(), first, second, strict=True):
+        assert not torch.equal(g1, g2)
+        assert torch.equal(shared_param.grad, g2)
+
+
+def test_hand_off_drives_the_shared_optimizer_like_a_local_one():
+    local, shared, reference = _net(), _net(), _net()
+    shared.share_memory()
+    opt = SharedAdam(shared.parameters(), lr=1e-2)
+    opt.share_memory()
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-3, foreach=False)
+    for seed in range(5):
+        local.load_state_dict(shared.state_dict())
+        _backward(local, seed)
+        ensure_shared_grads(local, shared)
+        opt.step()
+        _backward(reference, seed)
+        ref_opt.step()
+    for p, q in zip(shared.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_missing_local_gradient_clears_the_shared_one():
+    local, shared = _net(), _net()
+    _backward(local, 1)
+    ensure_shared_grads(local, shared)
+    local.zero_grad(set_to_none=True)
+    ensure_shared_grads(local, shared)
+    assert all(p.grad is None for p in shared.parameters())
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_hand_off_from_gpu_copies_every_update():
+    local, shared = _net().cuda(), _net()
+    first = _backward(local, 1)
+    ensure_shared_grads(local, shared, gpu=True)
+    buffers = [p.grad for p in shared.parameters()]
+    second = _backward(local, 2)
+    ensure_shared_grads(local, shared, gpu=True)
+    for p, b, g1, g2 in zip(shared.parameters(), buffers, first, second, strict=True):
+        assert p.grad.device.type == "cpu" and p.grad.is_pinned()
+        assert p.grad is b  # the pinned CPU buffer is reused
+        assert torch.equal(p.grad, g2.cpu()) and not torch.equal(p.grad, g1.cpu())

@@ -233,10 +233,9 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
     import torch
 
     from model import A3Clstm
-    from tests.conftest import make_args
 
     (tmp_path / "models").mkdir()
-    model = A3Clstm(1, gym.spaces.Discrete(6), make_args(hidden_size=32))
+    model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     torch.save(model.state_dict(), tmp_path / "models" / "PongNoFrameskip-v4.dat")
     result = subprocess.run(
         [sys.executable, "gym_eval.py", "--num-episodes", "2", "--hidden-size", "32",

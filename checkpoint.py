@@ -1,0 +1,322 @@
+"""The files a run reads and writes: ``.dat`` weights, the training state, atomic writes.
+
+``<env>.dat`` is a plain ``state_dict`` with the original A3G's keys (the two projects load
+each other's). ``<env>_state.pt`` is the training state `--load` resumes from. Both are
+written through a temporary file and a rename, and read with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch import nn
+
+from utils import UsageError
+
+
+def env_file_stem(env_id: str) -> str:
+    """A file-name-safe form of an env id (``ALE/Pong-v5`` -> ``ALE_Pong-v5``)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", env_id).lstrip(".")
+    if not stem:
+        raise UsageError(f"env id {env_id!r} gives no usable file name; use a registered id")
+    return stem
+
+
+def checkpoint_path(folder: str | Path, env_id: str, suffix: str = ".dat") -> Path:
+    """``<folder>/<env>.dat`` with the env id made safe for a file name."""
+    return Path(folder) / f"{env_file_stem(env_id)}{suffix}"
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file through a temporary file and a rename.
+
+    A reader (or a crash) never sees a half-written file: the old file stays until the new
+    one is complete on disk, and a failed write leaves no temporary file behind.
+
+    Args:
+        path: the file to (re)place.
+        write: writes the whole content to the binary file object it is given.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """``torch.save`` `obj` to `path` with `write_atomic`.
+
+    Serialises in memory first, so a failing disk raises the plain OSError (``No space left
+    on device``, ``File too large``) rather than torch's zip-writer error.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomic(path, lambda f: f.write(buffer.getbuffer()))
+
+
+def write_json_atomic(obj: Any, path: str | Path) -> None:
+    """Write `obj` as indented JSON with `write_atomic`."""
+    text = json.dumps(obj, indent=2, default=str) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def _torch_load(path: Path, what: str) -> Any:
+    """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors."""
+    try:
+        with warnings.catch_warnings():  # our one-line error says it all
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UsageError(
+            f"{what} {str(path)!r} holds pickled objects, not just tensors; refusing to "
+            "load it (it could run code): use a file A3G wrote"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise UsageError(
+            f"{what} {str(path)!r} is truncated or not a PyTorch file ({err}); use an intact file"
+        ) from None
+
+
+def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str, torch.Tensor]:
+    """Make sure `state` is a state_dict that fits `model`; return it.
+
+    Raises:
+        UsageError: not a state_dict of tensors, or saved for another game (action count),
+            another ``--hidden-size`` or another network.
+    """
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise UsageError(f"checkpoint {str(path)!r} is not a state_dict of tensors")
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise UsageError(
+            f"checkpoint {str(path)!r} is for another network: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    saved_hidden, own_hidden = state["lstm.weight_hh"].shape[1], own["lstm.weight_hh"].shape[1]
+    if saved_hidden != own_hidden:
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved with --hidden-size {saved_hidden}; this run "
+            f"uses {own_hidden}: pass --hidden-size {saved_hidden}"
+        )
+    saved_actions, own_actions = (
+        state["actor_linear.bias"].shape[0],
+        own["actor_linear.bias"].shape[0],
+    )
+    if saved_actions != own_actions:
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved for a game with {saved_actions} actions; this "
+            f"env has {own_actions}: load the .dat of the same game"
+        )
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise UsageError(
+                f"checkpoint {str(path)!r}: {key} has shape {tuple(value.shape)}, the model "
+                f"expects {tuple(own[key].shape)}: it was saved for another env or network"
+            )
+    return state
+
+
+def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the weights, as saved in ``.dat`` files."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a ``.dat`` state_dict (ours or the original A3G's) into `model`.
+
+    Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
+
+    Raises:
+        UsageError: the file is missing, unreadable, not a state_dict, or saved for another
+            game (action count) or another ``--hidden-size``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(
+            f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
+            f"the folder holding {path.name}"
+        )
+    model.load_state_dict(check_state_dict(model, _torch_load(path, "checkpoint"), path))
+
+
+STATE_FORMAT = 1
+"""Version of the training-state file layout."""
+
+
+@dataclass
+class TrainingState:
+    """Everything `--load` resumes from: the file ``<save-model-dir><env>_state.pt``.
+
+    Written by the launcher every ``--state-interval`` seconds and at shutdown (`save`), read
+    back by `load`. On disk it is a dict of tensors and plain values (``weights_only=True``
+    loads it); `save` and `read_file` below are the whole of its layout.
+
+    Attributes:
+        model: the shared model's weights (the same ``state_dict`` as ``<env>.dat``).
+        optimizer: the shared optimizer's ``state_dict`` (None with ``--no-shared-optimizer``).
+        steps: agent steps of all workers so far.
+        frames: raw emulator frames so far.
+        elapsed: seconds trained so far (over every resumed part).
+        skipped_updates: updates skipped for a NaN or inf, all workers together.
+        test_rewards: every test game's reward, in order.
+        worker_normalizers: each worker's observation-normaliser statistics, by rank.
+        test_normalizer: the test process's normaliser statistics.
+        tensorboard_dir: the run's TensorBoard folder (a resumed run writes on in it).
+        config: the configuration of the run that saved it.
+        saved_at: when it was saved (``time.time()``).
+    """
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None = None
+    steps: int = 0
+    frames: int = 0
+    elapsed: float = 0.0
+    skipped_updates: int = 0
+    test_rewards: list[float] = field(default_factory=list)
+    worker_normalizers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    test_normalizer: dict[str, Any] | None = None
+    tensorboard_dir: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    saved_at: float = 0.0
+
+    def save(self, path: str | Path) -> None:
+        """Write the state atomically (an OSError leaves the previous file intact)."""
+        rewards = [float(r) for r in self.test_rewards]
+        normalizers: dict[str, Any] = {str(rank): s for rank, s in self.worker_normalizers.items()}
+        if self.test_normalizer is not None:
+            normalizers["test"] = self.test_normalizer
+        layout = {
+            "format": STATE_FORMAT,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "steps": self.steps,
+            "frames": self.frames,
+            "elapsed": self.elapsed,
+            "skipped_updates": self.skipped_updates,
+            "test_rewards": rewards,
+            "test": (
+                {"games": len(rewards), "reward_total": sum(rewards), "best": max(rewards)}
+                if rewards
+                else {}
+            ),
+            "normalizers": normalizers,
+            "tensorboard_dir": self.tensorboard_dir,
+            "config": self.config,
+            "saved_at": self.saved_at,
+        }
+        save_atomic(layout, path)
+
+    @staticmethod
+    def read_file(path: str | Path) -> dict[str, Any]:
+        """The file's raw layout, checked to be a training state (``weights_only=True``).
+
+        Raises:
+            UsageError: unreadable, truncated, pickled objects, or not a training state.
+        """
+        path = Path(path)
+        state = _torch_load(path, "training state")
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise UsageError(
+                f"training state {str(path)!r} is not an A3G training-state file (format "
+                f"{STATE_FORMAT}); delete it to load the weights alone"
+            )
+        return state
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainingState:
+        """Read a state file; counters an older file lacks start at zero.
+
+        Raises:
+            UsageError: see `read_file`.
+        """
+        raw = cls.read_file(path)
+        normalizers = dict(raw.get("normalizers") or {})
+        test_normalizer = normalizers.pop("test", None)
+        return cls(
+            model=raw.get("model"),
+            optimizer=raw.get("optimizer"),
+            steps=int(raw.get("steps", 0)),
+            frames=int(raw.get("frames", 0)),
+            elapsed=float(raw.get("elapsed", 0.0)),
+            skipped_updates=int(raw.get("skipped_updates", 0)),
+            test_rewards=[float(r) for r in raw.get("test_rewards", [])],
+            worker_normalizers={int(rank): s for rank, s in normalizers.items()},
+            test_normalizer=test_normalizer,
+            tensorboard_dir=str(raw.get("tensorboard_dir") or ""),
+            config=dict(raw.get("config") or {}),
+            saved_at=float(raw.get("saved_at", 0.0)),
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Where a run's files go
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file a run reads or writes, computed once from the flags.
+
+    Attributes:
+        log: ``<log-dir><env>_log``, the test games (appended to).
+        record: ``<log-dir><env>_run.json``, the run record.
+        curve: ``<log-dir><env>_curve.png``, drawn at the end.
+        runs: ``<log-dir>runs/``, where TensorBoard run folders go.
+        model: ``<save-model-dir><env>.dat``, saved by the test process.
+        final_model: the shutdown save: `model`, or ``<env>_last.dat`` under ``--save-max``
+            (so the best stays).
+        state: ``<save-model-dir><env>_state.pt``, the training state.
+        load_model: ``<load-model-dir><env>.dat``, what ``--load`` reads without a state.
+        load_state: ``<load-model-dir><env>_state.pt``, what ``--load`` resumes from.
+    """
+
+    log: Path
+    record: Path
+    curve: Path
+    runs: Path
+    model: Path
+    final_model: Path
+    state: Path
+    load_model: Path
+    load_state: Path
+
+    @classmethod
+    def of(
+        cls, env_id: str, log_dir: str, save_model_dir: str, load_model_dir: str, save_max: bool
+    ) -> RunPaths:
+        """The paths of a run of `env_id` (ids with a ``/`` become safe file names)."""
+        model = checkpoint_path(save_model_dir, env_id)
+        return cls(
+            log=checkpoint_path(log_dir, env_id, "_log"),
+            record=checkpoint_path(log_dir, env_id, "_run.json"),
+            curve=checkpoint_path(log_dir, env_id, "_curve.png"),
+            runs=Path(log_dir) / "runs",
+            model=model,
+            final_model=checkpoint_path(save_model_dir, env_id, "_last.dat") if save_max else model,
+            state=checkpoint_path(save_model_dir, env_id, "_state.pt"),
+            load_model=checkpoint_path(load_model_dir, env_id),
+            load_state=checkpoint_path(load_model_dir, env_id, "_state.pt"),
+        )

@@ -1,0 +1,316 @@
+"""The command lines of main.py and gym_eval.py: each flag declared once, in a typed config.
+
+Each configuration is a frozen dataclass; each field is one flag, with its short forms and its
+one-line help (CleanRL's ``Args``, with argparse). The flags both scripts take live in
+`CommonConfig` and are declared there only. Every process gets the parsed configuration, never
+the raw command line, and nothing changes it after parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, TypeVar
+
+from utils import OneLineParser, UsageError, require_at_least
+
+DEFAULT_ENV = "PongNoFrameskip-v4"
+
+
+def flag(
+    default: Any,
+    *short: str,
+    help: str,  # noqa: A002 - argparse's own name for it
+    choices: Sequence[str] | None = None,
+    item: type | None = None,
+    negatable: bool = False,
+) -> Any:
+    """A config field that is also a command-line flag ``--field-name``.
+
+    Args:
+        default: the value without the flag. A bool makes an on/off flag; a tuple a list
+            flag (``nargs="+"``) of `item` values.
+        *short: the short forms (the original A3G's, e.g. ``"-l"``).
+        help: the one-line explanation, shown by ``--help``.
+        choices: the values allowed.
+        item: the type of a list flag's values.
+        negatable: a bool flag that also has ``--no-...`` (for defaults that are on).
+    """
+    meta = {"short": short, "help": help, "choices": choices, "item": item, "negatable": negatable}
+    return field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# The configurations
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    """The flags main.py and gym_eval.py share: the game, its env, the network, the folders."""
+
+    env: str = flag(DEFAULT_ENV, "-ev", help="gymnasium environment id")
+    env_config: str = flag("config.json", "-evc", help="per-game crop settings (JSON)")
+    seed: int = flag(1, "-s", help="random seed; training worker RANK uses seed + RANK")
+    max_episode_length: int = flag(
+        10000, "-mel", help="agent steps before an episode (a game, in gym_eval) is cut"
+    )
+    skip_rate: int = flag(4, "-sk", help="frame skip (NoFrameskip ids)")
+    hidden_size: int = flag(512, "-hs", help="LSTM hidden size (must match a loaded model)")
+    load_model_dir: str = flag(
+        "trained_models/", "-lmd", help="folder holding <env>.dat (and <env>_state.pt)"
+    )
+    log_dir: str = flag("logs/", "-lg", "-lgd", help="folder of the logs and run records")
+    vector_obs_norm: bool = flag(
+        False,
+        negatable=True,
+        help="standardise vector observations (CartPole-like envs) with running statistics",
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig(CommonConfig):
+    """A training run (main.py): the original A3G's flags, same names and defaults, and ours."""
+
+    lr: float = flag(0.0001, "-l", help="learning rate")
+    entropy_coef: float = flag(0.01, "-ec", help="entropy bonus weight")
+    value_coef: float = flag(0.5, "-vc", help="value loss weight (0.5 reproduces the original)")
+    gamma: float = flag(0.99, "-g", help="discount factor")
+    tau: float = flag(1.00, "-t", help="GAE lambda")
+    workers: int = flag(32, "-w", help="training processes")
+    num_steps: int = flag(20, "-ns", help="forward steps per update (n-step)")
+    shared_optimizer: bool = flag(
+        True,
+        "-so",
+        negatable=True,
+        help="optimizer statistics shared by all workers (--no-shared-optimizer: one per worker)",
+    )
+    load: bool = flag(
+        False,
+        "-ld",
+        help="resume from <load-model-dir><env>_state.pt, or start from <env>.dat without it",
+    )
+    save_max: bool = flag(
+        False, "-sm", help="save only when a test score matches or beats the best so far"
+    )
+    optimizer: str = flag("Adam", "-o", choices=("Adam", "RMSprop"), help="optimizer")
+    save_model_dir: str = flag(
+        "trained_models/", "-smd", help="folder the test process saves <env>.dat to"
+    )
+    gpu_ids: tuple[int, ...] = flag(
+        (-1,), "-gp", item=int, help="GPU ids to spread workers over; -1 = CPU only"
+    )
+    amsgrad: bool = flag(False, "-a", help="AMSGrad variant of Adam")
+    tensorboard_logger: bool = flag(False, "-tl", help="log to TensorBoard")
+    distributed_step_size: tuple[int, ...] = flag(
+        (),
+        "-dss",
+        item=int,
+        help="n-step sizes dealt round-robin to workers (overrides --num-steps)",
+    )
+    max_steps: int = flag(
+        0, help="stop after this many agent steps summed over workers (0 = until Ctrl-C)"
+    )
+    test_interval: float = flag(
+        60.0, help="seconds the test process waits between evaluation games"
+    )
+    test_niceness: int = flag(
+        10,
+        help="scheduling niceness of the test process (0-19): with every core busy, higher "
+        "leaves more CPU to the workers and plays test games more slowly; 0 when test games "
+        "must keep up (e.g. --save-max with a short --test-interval)",
+    )
+    status_interval: float = flag(
+        20.0,
+        help="seconds between status lines and TensorBoard training scalars (0 = no lines)",
+    )
+    reward_scale: float = flag(
+        1.0,
+        help="multiply the clipped training rewards by this; below 1 keeps values small "
+        "on dense-reward envs (CartPole: 0.1)",
+    )
+    fast_path: bool = flag(
+        True,
+        negatable=True,
+        help="act without autograd in channels_last, recording the conv activations, then "
+        "backpropagate the rollout at once with the fused LSTM op (same losses and gradients); "
+        "--no-fast-path computes the original's way",
+    )
+    state_interval: float = flag(
+        300.0,
+        help="seconds between writes of the training-state file <env>_state.pt (optimizer "
+        "statistics, counters, normalisers; what --load resumes from); 0 = only at shutdown",
+    )
+
+    def gpu_for(self, rank: int) -> int:
+        """The GPU of training worker `rank` (round-robin), or -1 for the CPU."""
+        return self.gpu_ids[rank % len(self.gpu_ids)]
+
+    @property
+    def test_gpu(self) -> int:
+        """The test process's GPU: the last of ``--gpu-ids`` (-1 for the CPU)."""
+        return self.gpu_ids[-1]
+
+
+@dataclass(frozen=True)
+class EvalConfig(CommonConfig):
+    """An evaluation (gym_eval.py): the original's flags, same names and defaults, and ours."""
+
+    num_episodes: int = flag(100, "-ne", help="full games to play (lost lives continue a game)")
+    render: bool = flag(False, "-r", help="show the game in a window")
+    render_freq: int = flag(1, "-rf", help="with --render, show every Nth game")
+    new_gym_eval: bool = flag(
+        False, "-nge", help="record every game as an MP4 video in --video-dir"
+    )
+    video_dir: str = flag("", help="where --new-gym-eval writes (default <log-dir>videos/)")
+    gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
+    demo: bool = flag(False, help="write the first game as <demo-dir><env>.gif and .mp4")
+    demo_dir: str = flag("demo/", help="where --demo writes")
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+# ----------------------------------------------------------------------------------------------
+
+Config = TypeVar("Config", TrainConfig, EvalConfig)
+
+
+def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
+    meta = f.metadata
+    names = ["--" + f.name.replace("_", "-"), *meta["short"]]
+    kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"], "dest": f.name}
+    if isinstance(f.default, bool):
+        kwargs["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"
+    elif isinstance(f.default, tuple):
+        kwargs.update(type=meta["item"], nargs="+", default=list(f.default))
+    else:
+        kwargs["type"] = type(f.default)
+    if meta["choices"] is not None:
+        kwargs["choices"] = list(meta["choices"])
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser(config_type: type[Config], description: str) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of `config_type`, errors in one line."""
+    parser = OneLineParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    for f in fields(config_type):
+        assert f.default is not MISSING, f"{f.name} needs a default"
+        _add_flag(parser, f)
+    return parser
+
+
+def _parse(config_type: type[Config], description: str, argv: Sequence[str] | None) -> Config:
+    namespace = build_parser(config_type, description).parse_args(argv)
+    values = {
+        name: tuple(value) if isinstance(value, list) else value
+        for name, value in vars(namespace).items()
+    }
+    return config_type(**values)
+
+
+TRAIN_DESCRIPTION = "A3G: train an A3C-LSTM agent with Hogwild workers on CPUs and GPUs."
+EVAL_DESCRIPTION = "Evaluate a trained A3G model over many greedy games."
+
+
+def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """main.py's command line, parsed and checked.
+
+    Raises:
+        UsageError: a value that cannot work (argparse's own errors exit with code 2).
+    """
+    return validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv))
+
+
+def parse_eval_args(argv: Sequence[str] | None = None) -> EvalConfig:
+    """gym_eval.py's command line, parsed and checked.
+
+    Raises:
+        UsageError: a value that cannot work (argparse's own errors exit with code 2).
+    """
+    return validate_eval(_parse(EvalConfig, EVAL_DESCRIPTION, argv))
+
+
+def as_dict(config: CommonConfig) -> dict[str, Any]:
+    """The configuration as plain values (lists for tuples), for logs and JSON records."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks: one line naming the bad value and the fix
+# ----------------------------------------------------------------------------------------------
+
+
+def _validate_common(config: CommonConfig) -> None:
+    for flag_name, value in (
+        ("--max-episode-length", config.max_episode_length),
+        ("--skip-rate", config.skip_rate),
+        ("--hidden-size", config.hidden_size),
+    ):
+        require_at_least(flag_name, value)
+
+
+def validate_train(config: TrainConfig) -> TrainConfig:
+    """Reject values that cannot work, naming the value and the fix.
+
+    Raises:
+        UsageError: on the first bad value.
+    """
+    require_at_least("--workers", config.workers)
+    require_at_least("--num-steps", config.num_steps)
+    _validate_common(config)
+    if config.max_steps < 0:
+        raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
+    if not (math.isfinite(config.test_interval) and config.test_interval >= 0):
+        raise UsageError(f"--test-interval must be 0 or more seconds, got {config.test_interval}")
+    if not 0 <= config.test_niceness <= 19:
+        raise UsageError(f"--test-niceness must be in 0..19, got {config.test_niceness}")
+    for size in config.distributed_step_size:
+        if size < 1:
+            raise UsageError(f"--distributed-step-size values must be at least 1, got {size}")
+    if not (math.isfinite(config.lr) and config.lr > 0):
+        raise UsageError(f"--lr must be a positive number, got {config.lr}")
+    for name, value in (("--gamma", config.gamma), ("--tau", config.tau)):
+        if not 0 < value <= 1:
+            raise UsageError(f"{name} must be in (0, 1], got {value}")
+    for name, value in (
+        ("--entropy-coef", config.entropy_coef),
+        ("--value-coef", config.value_coef),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{name} must be a non-negative number, got {value}")
+    for name, value in (
+        ("--state-interval", config.state_interval),
+        ("--status-interval", config.status_interval),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{name} must be 0 or more seconds, got {value}")
+    if not (math.isfinite(config.reward_scale) and config.reward_scale > 0):
+        raise UsageError(f"--reward-scale must be a positive number, got {config.reward_scale}")
+    if -1 in config.gpu_ids and len(config.gpu_ids) > 1:
+        raise UsageError(
+            f"--gpu-ids mixes -1 (CPU) with GPU ids {list(config.gpu_ids)}; give only GPU ids, "
+            "or -1"
+        )
+    return config
+
+
+def validate_eval(config: EvalConfig) -> EvalConfig:
+    """Reject values that cannot work, naming the value and the fix.
+
+    Raises:
+        UsageError: on the first bad value.
+    """
+    require_at_least("--num-episodes", config.num_episodes)
+    require_at_least("--render-freq", config.render_freq)
+    _validate_common(config)
+    if config.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise UsageError(
+            "--render needs a display, and none is set here (DISPLAY is empty); "
+            "use --new-gym-eval to record videos instead"
+        )
+    return config

@@ -1,0 +1,263 @@
+"""The launcher's view of a run: TensorBoard, the status line, the run record (with versions)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from checkpoint import RunPaths, TrainingState, write_json_atomic
+from cli import TrainConfig, as_dict
+from utils import ProcessContext, format_elapsed
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries a result depends on."""
+    import platform
+
+    import cv2
+    import gymnasium
+    import numpy
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "numpy": numpy.__version__,
+        "opencv": cv2.__version__,
+    }
+    try:
+        import ale_py
+
+        out["ale_py"] = ale_py.__version__
+    except ImportError:
+        out["ale_py"] = "not installed"
+    return out
+
+
+def hardware(gpu_ids: Sequence[int]) -> str:
+    """``"2 CPU cores"`` or ``"1x NVIDIA H100 + 16 CPU cores"``: what a run ran on."""
+    cores = f"{os.cpu_count()} CPU cores"
+    if list(gpu_ids) == [-1] or not torch.cuda.is_available():
+        return cores
+    names = [torch.cuda.get_device_name(i) for i in sorted(set(gpu_ids))]
+    grouped = {name: names.count(name) for name in names}
+    return " + ".join([f"{n}x {name}" for name, n in grouped.items()] + [cores])
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, if this is a git checkout."""
+    import subprocess
+
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+class RunMonitor:
+    """The launcher's view of a run: TensorBoard, the terminal status line, the run record.
+
+    Workers and the test process send small summaries through `ProcessContext.reports`;
+    this one place averages them and writes, so no worker ever waits on a disk.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        observation_shape: tuple[int, ...],
+        frames_per_step: int,
+        ctx: ProcessContext,
+        log: logging.Logger,
+        paths: RunPaths,
+        tensorboard_dir: str,
+    ):
+        """Prepare; nothing is written until `open`.
+
+        Args:
+            config: the run's configuration (all of it goes in the run record).
+            model: the shared model (its graph and weight histograms go to TensorBoard).
+            observation_shape: one observation's shape, for the model graph.
+            frames_per_step: raw frames per agent step.
+            ctx: the counters and report queue shared with the children.
+            log: where status lines go.
+            paths: the run's files (the run record).
+            tensorboard_dir: the run's TensorBoard folder (used with ``--tensorboard-logger``).
+        """
+        self.config = config
+        self.model = model
+        self.observation_shape = observation_shape
+        self.frames_per_step = frames_per_step
+        self.ctx = ctx
+        self.log = log
+        self.record_path = paths.record
+        self.tensorboard_dir = tensorboard_dir
+        self.interval = config.status_interval
+        self.rewards: list[float] = []
+        self.best = -math.inf
+        self.worker_normalizers: dict[int, Any] = {}
+        self.test_normalizer: Any = None
+        self.train_window: list[dict[str, float]] = []
+        self.last_tick = time.time()
+        self.last_steps = ctx.total_steps()
+        self.fps = 0.0
+        self.writer = None
+        self.record: dict[str, Any] = {}
+
+    def open(self, resumed_from: str | None = None) -> None:
+        """Open the TensorBoard run (with the model graph) and write the run record.
+
+        A resumed run (`resumed_from` names the training-state file) keeps the records of the
+        runs before it under ``previous_runs``.
+        """
+        if self.config.tensorboard_logger:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=self.tensorboard_dir)
+            hx, cx = self.model.initial_state(1)
+            dummy = torch.zeros(1, *self.observation_shape)
+            self.writer.add_graph(self.model, (dummy, hx, cx))
+        self.record = {
+            "env": self.config.env,
+            "command": " ".join(["python", *sys.argv]),
+            "config": {**as_dict(self.config), "tensorboard_dir": self.tensorboard_dir},
+            "versions": versions(),
+            "hardware": hardware(self.config.gpu_ids),
+            "git_commit": git_commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        if resumed_from is not None:
+            self.record["resumed_from"] = resumed_from
+            with contextlib.suppress(OSError, ValueError):
+                previous = json.loads(Path(self.record_path).read_text())
+                history = previous.pop("previous_runs", [])
+                self.record["previous_runs"] = [*history, previous]
+        write_json_atomic(self.record, self.record_path)
+
+    @property
+    def frames(self) -> int:
+        """Raw frames played by all workers so far."""
+        return self.ctx.total_steps() * self.frames_per_step
+
+    def drain(self) -> None:
+        """Take every pending report from the children."""
+        while True:
+            try:
+                kind, payload = self.ctx.reports.get_nowait()
+            except queue.Empty:
+                return
+            normalizer = payload.pop("normalizer", None)
+            if kind == "test":
+                self.test_normalizer = normalizer
+                self._test_game(payload)
+            elif kind == "train":
+                self.worker_normalizers[int(payload["rank"])] = normalizer
+                self.train_window.append(payload)
+
+    def restore(self, state: TrainingState) -> None:
+        """Continue from a resumed run's test rewards and normaliser statistics."""
+        self.rewards = list(state.test_rewards)
+        self.best = max(self.rewards, default=-math.inf)
+        self.worker_normalizers = dict(state.worker_normalizers)
+        self.test_normalizer = state.test_normalizer
+
+    def _test_game(self, game: dict[str, float]) -> None:
+        self.rewards.append(game["reward"])
+        self.best = max(self.best, game["reward"])
+        if self.writer is not None:
+            frames = int(game["frames"])
+            self.writer.add_scalar("test/episode_reward", game["reward"], frames)
+            self.writer.add_scalar("test/episode_length", game["length"], frames)
+            self.writer.add_scalar("test/reward_mean_100", self.mean_100, frames)
+
+    @property
+    def mean_100(self) -> float:
+        """Mean test reward of the last 100 games (NaN before the first)."""
+        recent = self.rewards[-100:]
+        return sum(recent) / len(recent) if recent else math.nan
+
+    def tick(self, force: bool = False) -> None:
+        """Every ``--status-interval`` seconds: training scalars, histograms, a status line."""
+        self.drain()
+        now = time.time()
+        if not force and now - self.last_tick < self.interval:
+            return
+        steps = self.ctx.total_steps()
+        frames_done = (steps - self.last_steps) * self.frames_per_step
+        self.fps = frames_done / max(now - self.last_tick, 1e-9)
+        self.last_tick, self.last_steps = now, steps
+        if self.writer is not None:
+            self._write_training(steps * self.frames_per_step)
+        self.train_window = []
+        if self.interval > 0:
+            self.log.info(self.status_line(now, steps))
+
+    def _write_training(self, frames: int) -> None:
+        assert self.writer is not None
+        self.writer.add_scalar("train/fps", self.fps, frames)
+        self.writer.add_scalar("train/lr", self.config.lr, frames)
+        if self.train_window:
+            updates = sum(r["updates"] for r in self.train_window) or 1
+            keys = [k for k in self.train_window[0] if k not in ("rank", "updates")]
+            for key in keys:
+                value = sum(r[key] * r["updates"] for r in self.train_window) / updates
+                self.writer.add_scalar(f"train/{key}", value, frames)
+        for name, param in self.model.named_parameters():
+            self.writer.add_histogram(name, param.detach(), frames)
+        self.writer.flush()
+
+    def status_line(self, now: float, steps: int) -> str:
+        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
+        clock = format_elapsed(now - self.ctx.start_time)
+        if self.rewards:
+            test = (
+                f"test reward {self.rewards[-1]:g} (mean of last {min(len(self.rewards), 100)} "
+                f"{self.mean_100:.2f}, best {self.best:g}, {len(self.rewards)} games)"
+            )
+        else:
+            test = "no test game finished yet"
+        skipped = self.ctx.total_skipped()
+        skipped_text = f" | {skipped} non-finite updates skipped" if skipped else ""
+        return (
+            f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
+            f"{self.fps:,.0f} frames/s | {test}{skipped_text}"
+        )
+
+    def close(self, stop_reason: str, exit_code: int) -> None:
+        """Final scalars, close TensorBoard, complete the run record."""
+        self.tick(force=True)
+        if self.writer is not None:
+            self.writer.close()
+        elapsed = time.time() - self.ctx.start_time
+        self.record["finished"] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "seconds": round(elapsed, 1),
+            "steps": self.ctx.total_steps(),
+            "frames": self.frames,
+            "test_games": len(self.rewards),
+            "best_test_reward": None if not self.rewards else self.best,
+            "test_reward_mean_100": None if not self.rewards else self.mean_100,
+            "skipped_updates": self.ctx.total_skipped(),
+            "stop_reason": stop_reason,
+            "exit_code": exit_code,
+        }
+        write_json_atomic(self.record, self.record_path)

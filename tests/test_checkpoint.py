@@ -1,0 +1,102 @@
+"""The files a run writes: atomic saves, safe names, the training-state layout, the run's paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checkpoint import RunPaths, TrainingState, env_file_stem, save_atomic
+from utils import UsageError
+
+
+def test_save_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "Pong.dat"
+    save_atomic({"w": torch.ones(2)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("cannot pickle this")
+
+    with pytest.raises(TypeError):
+        save_atomic({"w": Unpicklable()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["Pong.dat"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("env_id", "stem"),
+    [("PongNoFrameskip-v4", "PongNoFrameskip-v4"), ("ALE/Pong-v5", "ALE_Pong-v5"),
+     ("../../etc/passwd", "_.._etc_passwd")],
+)  # fmt: skip
+def test_env_ids_become_safe_file_names(env_id, stem):
+    assert env_file_stem(env_id) == stem
+    assert "/" not in env_file_stem(env_id)
+
+
+# -- the training state ------------------------------------------------------------------------
+
+LAYOUT = {
+    "format", "model", "optimizer", "steps", "frames", "elapsed", "skipped_updates",
+    "test_rewards", "test", "normalizers", "tensorboard_dir", "config", "saved_at",
+}  # fmt: skip
+"""The keys of a state file (format 1): a file written before `TrainingState` has them too."""
+
+
+def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
+    state = TrainingState(
+        model={"w": torch.arange(3.0)},
+        optimizer={"state": {0: {"step": torch.tensor(4.0)}}, "param_groups": []},
+        steps=120, frames=480, elapsed=33.5, skipped_updates=2,
+        test_rewards=[-21.0, -19.0, -20.0],
+        worker_normalizers={0: {"kind": "frames", "num_steps": 7}, 1: {"kind": "frames"}},
+        test_normalizer={"kind": "frames", "num_steps": 3},
+        tensorboard_dir="logs/runs/Pong_1", config={"env": "Pong", "lr": 1e-4}, saved_at=5.0,
+    )  # fmt: skip
+    path = tmp_path / "Pong_state.pt"
+    state.save(path)
+    raw = TrainingState.read_file(path)
+    assert set(raw) == LAYOUT and raw["format"] == 1
+    assert raw["normalizers"] == {
+        "0": {"kind": "frames", "num_steps": 7},
+        "1": {"kind": "frames"},
+        "test": {"kind": "frames", "num_steps": 3},
+    }
+    assert raw["test"] == {"games": 3, "reward_total": -60.0, "best": -19.0}
+    loaded = TrainingState.load(path)
+    assert torch.equal(loaded.model["w"], state.model["w"])
+    assert loaded.worker_normalizers == state.worker_normalizers  # ranks are ints again
+    for name in ("steps", "frames", "elapsed", "skipped_updates", "test_rewards",
+                 "test_normalizer", "tensorboard_dir", "config", "saved_at"):  # fmt: skip
+        assert getattr(loaded, name) == getattr(state, name), name
+
+
+def test_a_state_without_counters_loads_with_zeros(tmp_path):
+    path = tmp_path / "old_state.pt"
+    torch.save({"format": 1, "model": {"w": torch.ones(1)}, "optimizer": None}, path)
+    state = TrainingState.load(path)
+    assert (state.steps, state.skipped_updates, state.test_rewards) == (0, 0, [])
+    assert state.worker_normalizers == {} and state.test_normalizer is None
+
+
+def test_a_file_that_is_not_a_state_is_refused(tmp_path):
+    path = tmp_path / "x_state.pt"
+    torch.save({"w": torch.ones(1)}, path)
+    with pytest.raises(UsageError, match="is not an A3G training-state file"):
+        TrainingState.load(path)
+
+
+# -- where a run's files go --------------------------------------------------------------------
+
+
+def test_run_paths_are_computed_once_from_the_flags():
+    paths = RunPaths.of("ALE/Pong-v5", "logs/", "out/", "in/", save_max=False)
+    assert str(paths.log) == "logs/ALE_Pong-v5_log"
+    assert str(paths.record) == "logs/ALE_Pong-v5_run.json"
+    assert str(paths.curve) == "logs/ALE_Pong-v5_curve.png"
+    assert str(paths.runs) == "logs/runs"
+    assert str(paths.model) == str(paths.final_model) == "out/ALE_Pong-v5.dat"
+    assert str(paths.state) == "out/ALE_Pong-v5_state.pt"
+    assert str(paths.load_model) == "in/ALE_Pong-v5.dat"
+    assert str(paths.load_state) == "in/ALE_Pong-v5_state.pt"
+    best_kept = RunPaths.of("PongNoFrameskip-v4", "logs/", "out/", "in/", save_max=True)
+    assert str(best_kept.final_model) == "out/PongNoFrameskip-v4_last.dat"
