@@ -152,6 +152,34 @@ NONFINITE_LIMIT = 10
 """Consecutive updates with a NaN or inf loss or gradient after which a worker gives up."""
 
 
+class NonFiniteGuard:
+    """Counts the updates a worker skips for a NaN or inf, and gives up when they keep coming."""
+
+    def __init__(self, ctx: ProcessContext):
+        """Nothing skipped yet; skips are also counted in ``ctx.skipped`` for the launcher."""
+        self.ctx = ctx
+        self.in_a_row = 0
+
+    def passed(self, finite: bool) -> bool:
+        """Whether the update may go to the shared model; counts it as skipped if not.
+
+        Raises:
+            FatalRunError: `NONFINITE_LIMIT` non-finite updates in a row.
+        """
+        if finite:
+            self.in_a_row = 0
+            return True
+        self.ctx.count_skipped()
+        self.in_a_row += 1
+        if self.in_a_row >= NONFINITE_LIMIT:
+            raise FatalRunError(
+                f"{self.in_a_row} updates in a row had a NaN or inf policy, loss or gradient "
+                "(none reached the shared model); lower --lr, or check the env's rewards and "
+                "observations"
+            )
+        return False
+
+
 def update_is_finite(terms: LossTerms, squares: torch.Tensor) -> bool:
     """The loss and every gradient entry are finite (one device sync).
 
@@ -304,7 +332,7 @@ def run_worker(
     on_gpu = device.type == "cuda"
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
-    nonfinite_in_a_row = 0
+    guard = NonFiniteGuard(ctx)
     lap = clock.lap if clock is not None else _no_lap
 
     def send_report() -> None:
@@ -338,18 +366,9 @@ def run_worker(
         ctx.add_steps(len(agent.rewards))
         agent.clear_actions()
 
-        if not finite:  # the shared model never sees it
-            ctx.count_skipped()
-            nonfinite_in_a_row += 1
-            if nonfinite_in_a_row >= NONFINITE_LIMIT:
-                raise FatalRunError(
-                    f"{nonfinite_in_a_row} updates in a row had a NaN or inf policy, loss or "
-                    "gradient (none reached the shared model); lower --lr, or check the env's "
-                    "rewards and observations"
-                )
+        if not guard.passed(finite):  # skipped: the shared model never sees it
             agent.done = True  # the LSTM state may hold the NaN too: start a new episode
             continue
-        nonfinite_in_a_row = 0
 
         ensure_shared_grads(model, shared_model, gpu=on_gpu)
         optimizer.step()
