@@ -27,13 +27,13 @@ VIDEO_FPS = 30
 DEMO_FPS = 15
 """One frame per agent step: with 4-frame skip, real time."""
 DEMO_MAX_FRAMES = 1500
-"""Caps a demo GIF at a few MB (100 s of play)."""
+"""Frames a demo keeps at most (a few MB of GIF); a longer game keeps every 2nd, 4th, ... frame."""
 
 
 class VideoRecorder:
     """Writes one game's frames to an MP4 file with OpenCV (already a dependency)."""
 
-    def __init__(self, path: Path, fps: int = VIDEO_FPS):
+    def __init__(self, path: Path, fps: float = VIDEO_FPS):
         self.path = path
         self.fps = fps
         self.writer: cv2.VideoWriter | None = None
@@ -79,14 +79,50 @@ def play_game(
             agent.reset()
 
 
-def write_demo(frames: list[np.ndarray], folder: Path, stem: str, log: logging.Logger) -> None:
+class DemoFrames:
+    """One whole game's screens in at most `cap` frames, at an even pace.
+
+    Every frame is kept until the cap; past it, every other kept frame is dropped and only
+    every `stride`-th screen is kept from then on (the stride doubles each time). A long game
+    is shown whole and plays back at the same speed (`fps` falls with the stride), less smoothly.
+    """
+
+    def __init__(self, cap: int = DEMO_MAX_FRAMES):
+        """An empty demo of at most `cap` frames (at least 2)."""
+        if cap < 2:
+            raise ValueError(f"expected cap >= 2, got {cap}")
+        self.cap = cap
+        self.frames: list[np.ndarray] = []
+        self.stride = 1
+        self.seen = 0
+
+    def add(self, frame: np.ndarray) -> None:
+        """Offer the next screen of the game."""
+        if self.seen % self.stride == 0:
+            self.frames.append(frame)
+            if len(self.frames) > self.cap:
+                self.frames = self.frames[::2]
+                self.stride *= 2
+        self.seen += 1
+
+    @property
+    def fps(self) -> float:
+        """Playback rate that keeps the game's own speed (one agent step is 1/15 s)."""
+        return DEMO_FPS / self.stride
+
+
+def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -> None:
     """``<folder><stem>.gif`` and ``.mp4`` of one game."""
-    gif = write_gif(frames, folder / f"{stem}.gif", fps=DEMO_FPS)
-    video = VideoRecorder(folder / f"{stem}.mp4", fps=DEMO_FPS)
-    for frame in frames:
+    gif = write_gif(demo.frames, folder / f"{stem}.gif", fps=demo.fps)
+    video = VideoRecorder(folder / f"{stem}.mp4", fps=demo.fps)
+    for frame in demo.frames:
         video.add(frame)
     video.close()
-    log.info(f"demo: {gif} and {video.path} ({len(frames)} frames)")
+    every = "every screen" if demo.stride == 1 else f"every {demo.stride}th screen"
+    log.info(
+        f"demo: {gif} and {video.path} ({len(demo.frames)} frames: {every} of "
+        f"{demo.seen} agent steps)"
+    )
 
 
 def training_record(log_dir: str, env_id: str) -> dict | None:
@@ -139,16 +175,13 @@ def evaluate(args: EvalConfig) -> dict:
         recorder = None
         if args.new_gym_eval:
             recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
-        demo_frames: list[np.ndarray] = []
-        keep_demo = args.demo and game == 1
+        demo = DemoFrames() if args.demo and game == 1 else None
 
-        def on_frame(
-            frame: np.ndarray, recorder=recorder, demo_frames=demo_frames, keep_demo=keep_demo
-        ) -> None:
+        def on_frame(frame: np.ndarray, recorder=recorder, demo=demo) -> None:
             if recorder is not None:
                 recorder.add(frame)
-            if keep_demo and len(demo_frames) < DEMO_MAX_FRAMES:
-                demo_frames.append(frame)
+            if demo is not None:
+                demo.add(frame)
 
         try:
             reward, length = play_game(
@@ -157,8 +190,8 @@ def evaluate(args: EvalConfig) -> dict:
         finally:
             if recorder is not None:
                 recorder.close()
-        if demo_frames:
-            write_demo(demo_frames, Path(args.demo_dir), stem, log)
+        if demo is not None and demo.frames:
+            write_demo(demo, Path(args.demo_dir), stem, log)
         rewards.append(reward)
         lengths.append(length)
         log.info(

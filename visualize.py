@@ -270,7 +270,7 @@ def write_png(image: np.ndarray, out: str | Path) -> Path:
 # ----------------------------------------------------------------------------------------------
 
 
-def write_gif(frames: list[np.ndarray], out: str | Path, fps: int = 15) -> Path:
+def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Path:
     """Write RGB frames as a looping GIF (Pillow, which matplotlib already brings)."""
     from PIL import Image
 

@@ -266,3 +266,18 @@ def test_results_table_from_eval_summaries(tmp_path):
         "| CartPole-v1 | 250,000 | 1.4 min | 2 CPU cores | 500.00 ± 0.00 | 500 | 100 "
         "| `python main.py --env CartPole-v1` |"
     )
+
+
+def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
+    from gym_eval import DEMO_FPS, DemoFrames
+
+    demo = DemoFrames(cap=10)
+    for step in range(7):
+        demo.add(np.full((2, 2, 3), step, np.uint8))
+    assert [int(f[0, 0, 0]) for f in demo.frames] == list(range(7)) and demo.fps == DEMO_FPS
+    for step in range(7, 45):
+        demo.add(np.full((2, 2, 3), step, np.uint8))
+    kept = [int(f[0, 0, 0]) for f in demo.frames]
+    # 45 screens: past 10 frames the stride went 1 -> 2 -> 4 -> 8: screens 0, 8, 16, ...
+    assert demo.stride == 8 and demo.fps == DEMO_FPS / 8
+    assert kept == [0, 8, 16, 24, 32, 40] and len(kept) <= 10
