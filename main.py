@@ -128,6 +128,11 @@ def prepare(config: TrainConfig) -> Launcher:
     )
     check_writable(config.save_model_dir, "--save-model-dir")
     check_writable(config.log_dir, "--log-dir")
+    if paths.model.exists() and not config.load:
+        log.warning(
+            f"{paths.model} exists and this run will write over it; --load continues from it, "
+            "--save-model-dir keeps it"
+        )
     env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm

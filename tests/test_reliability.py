@@ -231,6 +231,21 @@ def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
     assert "resumed from" in caplog.text and "optimizer lr was" not in caplog.text
 
 
+def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
+    (tmp_path / "models").mkdir()
+    torch.save(
+        A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), tmp_path / "models" / f"{PONG}.dat"
+    )
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    assert f"{PONG}.dat exists and this run will write over it" in caplog.text
+    caplog.clear()
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *load]))
+    assert "write over it" not in caplog.text
+
+
 @pytest.mark.slow
 def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_path):
     model = A3Clstm(1, gym.spaces.Discrete(6), 32)
