@@ -128,11 +128,6 @@ def prepare(config: TrainConfig) -> Launcher:
     )
     check_writable(config.save_model_dir, "--save-model-dir")
     check_writable(config.log_dir, "--log-dir")
-    if paths.model.exists() and not config.load:
-        log.warning(
-            f"{paths.model} exists and this run will write over it; --load continues from it, "
-            "--save-model-dir keeps it"
-        )
     env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
@@ -151,6 +146,13 @@ def prepare(config: TrainConfig) -> Launcher:
     shared_model.share_memory()
     if optimizer is not None:
         optimizer.share_memory()
+
+    # Only once every check has passed: a bad input stays one line.
+    if paths.model.exists() and not config.load:
+        log.warning(
+            f"{paths.model} exists and this run will write over it; --load continues from it, "
+            "--save-model-dir keeps it"
+        )
 
     tensorboard_dir = (
         resumed.tensorboard_dir
