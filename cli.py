@@ -139,6 +139,18 @@ class TrainConfig(CommonConfig):
         "backpropagate the rollout at once with the fused LSTM op (same losses and gradients); "
         "--no-fast-path computes the original's way",
     )
+    envs_per_worker: int = flag(
+        1,
+        help="envs each worker plays in lockstep, acting for all with one batched forward and "
+        "making one update from their K rollouts (1 = the original's one env per worker)",
+    )
+    precision: str = flag(
+        "fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: run the conv stack under bfloat16 autocast when acting and in the backward "
+        "(float32 weights, LSTM and optimizer); needs a CPU with AVX512-BF16/AMX or a GPU that "
+        "has bfloat16",
+    )
     state_interval: float = flag(
         300.0,
         help="seconds between writes of the training-state file <env>_state.pt (optimizer "
@@ -262,6 +274,7 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     """
     require_at_least("--workers", config.workers)
     require_at_least("--num-steps", config.num_steps)
+    require_at_least("--envs-per-worker", config.envs_per_worker)
     _validate_common(config)
     if config.max_steps < 0:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")

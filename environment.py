@@ -551,3 +551,30 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
     rms.var = np.asarray(state["var"], dtype=rms.var.dtype)
     rms.count = float(state["count"])
     return True
+
+
+def worker_normalizer_state(envs: list[gym.Env]) -> dict[str, Any] | None:
+    """A worker's normaliser statistics: `normalizer_state` of its one env, or of each of K.
+
+    One env gives the single-env format (as before ``--envs-per-worker``); K envs give
+    ``{"kind": "per_env", "envs": [...]}``.
+    """
+    if len(envs) == 1:
+        return normalizer_state(envs[0])
+    return {"kind": "per_env", "envs": [normalizer_state(env) for env in envs]}
+
+
+def load_worker_normalizer_state(envs: list[gym.Env], state: dict[str, Any] | None) -> None:
+    """Continue a worker's envs from `worker_normalizer_state` output.
+
+    A per-env state gives env k its own statistics (envs beyond those saved start fresh); a
+    single-env state (a run with one env per worker, resumed with more) goes to every env.
+    """
+    if not state:
+        return
+    if state.get("kind") == "per_env":
+        for env, env_state in zip(envs, state["envs"], strict=False):
+            load_normalizer_state(env, env_state)
+        return
+    for env in envs:
+        load_normalizer_state(env, state)

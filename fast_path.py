@@ -41,6 +41,7 @@ class EncoderTape:
     def __init__(self) -> None:
         """An empty tape."""
         self.length = 0
+        self.batch = 1
         self._buffers: dict[str, torch.Tensor] = {}
 
     def __len__(self) -> int:
@@ -49,13 +50,20 @@ class EncoderTape:
     def row(
         self, key: str, shape: torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None
     ) -> torch.Tensor:
-        """The current step's row of buffer `key`, as a batch-1 tensor of `shape` to write into.
+        """The current step's rows of buffer `key`, a tensor of `shape` to write into.
 
+        A step holds ``shape[0]`` rows (one per env the worker acts for; the same every step
+        of a rollout), so `get` returns them step-major: step t, env k is row ``t * K + k``.
         The buffer takes the device, dtype (unless given) and memory layout of `like`.
         """
+        batch = shape[0]
+        if self.length and batch != self.batch:
+            raise RuntimeError(f"a tape's steps keep one batch size: {self.batch}, then {batch}")
+        self.batch = batch
+        start, stop = self.length * batch, (self.length + 1) * batch
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape[0] <= self.length or buffer.shape[1:] != shape[1:]:
-            rows = max(32, 2 * self.length)
+        if buffer is None or buffer.shape[0] < stop or buffer.shape[1:] != shape[1:]:
+            rows = max(32, 2 * self.length) * batch
             layout = torch.contiguous_format
             if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last):
                 layout = torch.channels_last
@@ -66,12 +74,12 @@ class EncoderTape:
                 memory_format=layout,
             )
             if buffer is not None and buffer.shape[1:] == shape[1:]:
-                grown[: self.length].copy_(buffer[: self.length])
+                grown[:start].copy_(buffer[:start])
             buffer = self._buffers[key] = grown
-        return buffer[self.length : self.length + 1]
+        return buffer[start:stop]
 
     def record(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy batch-1 tensors into the current row."""
+        """Copy one step's tensors into the current rows."""
         for key, tensor in tensors.items():
             self.row(key, tensor.shape, tensor).copy_(tensor)
 
@@ -80,39 +88,44 @@ class EncoderTape:
         self.length += 1
 
     def get(self, key: str) -> torch.Tensor:
-        """Every recorded step of one tensor, shape (steps, ...)."""
-        return self._buffers[key][: self.length]
+        """Every recorded step of one tensor, shape (steps * batch, ...), step-major."""
+        return self._buffers[key][: self.length * self.batch]
 
     def clear(self) -> None:
         """Start again from the first row (keeps the buffers)."""
         self.length = 0
 
 
-def encode_recorded(model: ActorCriticLSTM, x: torch.Tensor, tape: EncoderTape) -> torch.Tensor:
+def encode_recorded(
+    model: ActorCriticLSTM, x: torch.Tensor, tape: EncoderTape, bf16: bool = False
+) -> torch.Tensor:
     """`model.encode` without autograd, keeping on `tape` what `replay_features` needs.
 
     `A3Clstm` keeps each conv layer's pool indices and ReLU output (written straight into the
-    tape's rows: no allocation per step); other networks keep the observation.
+    tape's rows: no allocation per step); other networks keep the observation. With `bf16` the
+    encoder runs under bfloat16 autocast and records in bfloat16; the features come back as
+    float32 either way.
     """
-    if not isinstance(model, A3Clstm):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        if not isinstance(model, A3Clstm):
+            tape.record({"input": x})
+            tape.advance()
+            return model.encode(x).float()
+        if model.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         tape.record({"input": x})
-        tape.advance()
-        return model.encode(x)
-    if model.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    tape.record({"input": x})
-    for i, conv in enumerate(model.convs()):
-        out = conv(x)
-        n, c, h, w = out.shape
-        shape = torch.Size((n, c, h // 2, w // 2))
-        x = tape.row(f"relu{i}", shape, out)
-        indices = tape.row(f"indices{i}", shape, out, torch.long)
-        torch.ops.aten.max_pool2d_with_indices.out(
-            out, [2, 2], [2, 2], [0, 0], [1, 1], False, out=x, indices=indices
-        )
-        x.relu_()
+        for i, conv in enumerate(model.convs()):
+            out = conv(x)
+            n, c, h, w = out.shape
+            shape = torch.Size((n, c, h // 2, w // 2))
+            x = tape.row(f"relu{i}", shape, out)
+            indices = tape.row(f"indices{i}", shape, out, torch.long)
+            torch.ops.aten.max_pool2d_with_indices.out(
+                out, [2, 2], [2, 2], [0, 0], [1, 1], False, out=x, indices=indices
+            )
+            x.relu_()
     tape.advance()
-    return x.flatten(1)
+    return x.flatten(1).float()
 
 
 def act_recorded(
@@ -121,59 +134,67 @@ def act_recorded(
     hx: torch.Tensor,
     cx: torch.Tensor,
     tape: EncoderTape,
+    bf16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of ``model(x, hx, cx)`` without autograd, recording the encoder on `tape`.
+
+    `x` holds one observation per env the worker acts for (batch K); the LSTM and heads run
+    in float32, the encoder in bfloat16 with `bf16`.
 
     Raises:
         RuntimeError: called with autograd on (recording replaces the autograd graph).
     """
     if torch.is_grad_enabled():
         raise RuntimeError("recording on an EncoderTape needs torch.no_grad()")
-    return model.forward_features(encode_recorded(model, x, tape), hx, cx)
+    return model.forward_features(encode_recorded(model, x, tape, bf16), hx, cx)
 
 
-def replay_features(model: ActorCriticLSTM, tape: EncoderTape) -> torch.Tensor:
-    """The features of every recorded step, shape (T, features), with autograd.
+def replay_features(model: ActorCriticLSTM, tape: EncoderTape, bf16: bool = False) -> torch.Tensor:
+    """The features of every recorded step, shape (T * K, features), step-major, with autograd.
 
     For `A3Clstm`, backward applies PyTorch's own backward kernels (ReLU, max-pool,
     convolution) to the recorded activations, batched over the rollout: the gradients autograd
     would give for `encode` of the same observations, without running the conv stack again
-    (about 1.2 ms per step saved on the 2-core CPU). Other networks encode the recorded
-    observations again, as one batch.
+    (about 1.2 ms per step saved on the 2-core CPU). A tape recorded in bfloat16 is
+    backpropagated in bfloat16 (the weight gradients come back float32). Other networks
+    encode the recorded observations again, as one batch (under bfloat16 autocast with `bf16`).
     """
     if not len(tape):
         raise RuntimeError("replay_features() needs steps recorded by encode_recorded()")
     if not isinstance(model, A3Clstm):
-        return model.encode(tape.get("input"))
+        with torch.autocast(tape.get("input").device.type, torch.bfloat16, enabled=bf16):
+            return model.encode(tape.get("input")).float()
     params = [t for conv in model.convs() for t in (conv.weight, conv.bias)]
-    return _ReplayConvStack.apply(model, tape, *params)
+    return _ReplayConvStack.apply(model, tape, *params).float()
 
 
 def sequence_from_features(
     model: ActorCriticLSTM, features: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """T steps of the LSTM and heads at once: the numbers T calls of `forward_features` give.
+    """T steps of the LSTM and heads for K envs at once: what T `forward_features` calls give.
 
     The LSTM runs as PyTorch's fused sequence op with the cell's own weights (same gate
     order), so backward forms each LSTM weight gradient once for the whole sequence.
 
     Args:
         model: the network.
-        features: encoder features of one sequence, shape (T, features).
-        hx: LSTM hidden state before the first step, shape (1, hidden_size).
-        cx: LSTM cell state before the first step, shape (1, hidden_size).
+        features: encoder features, shape (T * K, features), step-major (step t, env k is
+            row ``t * K + k``, as `EncoderTape.get` gives them).
+        hx: LSTM hidden state before the first step, shape (K, hidden_size).
+        cx: LSTM cell state before the first step, shape (K, hidden_size).
 
     Returns:
-        ``(values, logits)`` with shapes (T, 1) and (T, n_actions).
+        ``(values, logits)`` with shapes (T * K, 1) and (T * K, n_actions), step-major.
     """
     lstm: nn.LSTMCell = model.lstm
     weights = [lstm.weight_ih, lstm.weight_hh, lstm.bias_ih, lstm.bias_hh]
+    batch = hx.shape[0]
     hidden, _, _ = torch.lstm(
-        features.unsqueeze(1),  # (T, batch 1, features)
+        features.view(-1, batch, features.shape[1]),  # (T, K, features)
         (hx.unsqueeze(0), cx.unsqueeze(0)),
         weights, True, 1, 0.0, True, False, False,
     )  # fmt: skip
-    hidden = hidden.squeeze(1)
+    hidden = hidden.reshape(-1, hidden.shape[2])
     return model.critic_linear(hidden), model.actor_linear(hidden)
 
 
@@ -207,10 +228,11 @@ class _ReplayConvStack(torch.autograd.Function):
         tape: EncoderTape = ctx.tape
         convs = model.convs()
         grads: list[torch.Tensor | None] = []
-        grad = grad.reshape(tape.get(f"relu{len(convs) - 1}").shape)
+        dtype = tape.get("relu0").dtype  # bfloat16 when recorded under autocast
+        grad = grad.reshape(tape.get(f"relu{len(convs) - 1}").shape).to(dtype)
         for i in reversed(range(len(convs))):
             conv = convs[i]
-            conv_input = tape.get("input" if i == 0 else f"relu{i - 1}")
+            conv_input = tape.get("input" if i == 0 else f"relu{i - 1}").to(dtype)
             n, _, h, w = conv_input.shape
             out_h, out_w = (
                 (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
@@ -222,9 +244,9 @@ class _ReplayConvStack(torch.autograd.Function):
             grad = torch.ops.aten.threshold_backward(grad, tape.get(f"relu{i}"), 0)
             grad = max_unpool(grad, tape.get(f"indices{i}"), out_size)
             grad, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad, conv_input, conv.weight, [conv.out_channels], list(conv.stride),
+                grad, conv_input, conv.weight.to(dtype), [conv.out_channels], list(conv.stride),
                 list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups,
                 [i > 0, True, True],
             )  # fmt: skip
-            grads[:0] = [grad_w, grad_b]
+            grads[:0] = [grad_w.to(conv.weight.dtype), grad_b.to(conv.weight.dtype)]
         return (None, None, *grads)

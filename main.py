@@ -32,7 +32,14 @@ from model import build_model
 from monitor import RunMonitor
 from test import test
 from train import make_optimizer, train
-from utils import FATAL_EXIT, ProcessContext, UsageError, check_gpus, format_elapsed
+from utils import (
+    FATAL_EXIT,
+    ProcessContext,
+    UsageError,
+    check_gpus,
+    check_precision,
+    format_elapsed,
+)
 from visualize import plot_curve
 
 # ----------------------------------------------------------------------------------------------
@@ -123,6 +130,7 @@ def prepare(config: TrainConfig) -> Launcher:
     """
     log = logging.getLogger("a3g.main")
     check_gpus(config.gpu_ids)
+    check_precision(config.precision, config.gpu_ids)
     paths = RunPaths.of(
         config.env, config.log_dir, config.save_model_dir, config.load_model_dir, config.save_max
     )

@@ -10,6 +10,7 @@ from torch import nn
 
 from environment import was_real_done
 from fast_path import EncoderTape, act_recorded, replay_features, sequence_from_features
+from model import ActorCriticLSTM
 
 
 class NonFiniteError(ArithmeticError):
@@ -21,6 +22,24 @@ def _check_finite(logits: torch.Tensor) -> None:
     # would end the process's CUDA context; a small check per step avoids both.
     if not bool(torch.isfinite(logits).all()):
         raise NonFiniteError("the policy's logits hold a NaN or inf")
+
+
+def training_reward(reward: float, clip: bool, scale: float) -> float:
+    """The reward the loss sees: clipped to [-1, 1] when `clip` (the original's), times `scale`."""
+    return (max(min(reward, 1.0), -1.0) if clip else reward) * scale
+
+
+def forward(
+    model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, bf16: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``model(x, hx, cx)``, with the encoder under bfloat16 autocast when `bf16`.
+
+    The LSTM and the heads always run in float32; without `bf16` this is ``model(x, hx, cx)``
+    exactly.
+    """
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        features = model.encode(x)
+    return model.forward_features(features.float(), hx, cx)
 
 
 class Agent:
@@ -45,7 +64,10 @@ class Agent:
         values, log_probs, entropies: the rollout's loss inputs, complete after
             `prepare_loss_inputs`.
         tape: the fast path's record of the encoder's work (None on the reference path).
+        masks: None: every recorded step counts in the loss (see `BatchAgent` for the masks).
     """
+
+    masks: list[torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -55,6 +77,7 @@ class Agent:
         clip_rewards: bool = True,
         reward_scale: float = 1.0,
         fast_path: bool = False,
+        bf16: bool = False,
     ):
         """Create an agent; call `reset` before acting.
 
@@ -65,8 +88,10 @@ class Agent:
             clip_rewards: clip training rewards to [-1, 1] (the original's rule).
             reward_scale: multiply the (clipped) training rewards by this.
             fast_path: train on the fast path (see `fast_path.py`) instead of the reference.
+            bf16: run the encoder under bfloat16 autocast when training (``--precision bf16``).
         """
         self.model = model
+        self.bf16 = bf16
         self.env = env
         self.device = torch.device(device)
         self.clip_rewards = clip_rewards
@@ -120,6 +145,15 @@ class Agent:
         else:
             self.detach_lstm()
 
+    def restart_episodes(self) -> None:
+        """Start a fresh episode at the next rollout (after a skipped, non-finite update)."""
+        self.done = True
+
+    @property
+    def steps(self) -> int:
+        """Agent steps recorded in this rollout."""
+        return len(self.rewards)
+
     @property
     def real_done(self) -> bool:
         """The episode ended with a real game over (not just a lost life)."""
@@ -132,8 +166,7 @@ class Agent:
         self.state = self._to_state(obs)
         self.done = bool(terminated or truncated)
         self.raw_reward = float(reward)
-        reward = max(min(self.raw_reward, 1.0), -1.0) if self.clip_rewards else self.raw_reward
-        self.reward = reward * self.reward_scale
+        self.reward = training_reward(self.raw_reward, self.clip_rewards, self.reward_scale)
 
     def play_rollout(self, num_steps: int) -> int:
         """Take up to `num_steps` training steps, stopping at the end of an episode.
@@ -156,7 +189,9 @@ class Agent:
         Raises:
             NonFiniteError: the policy is NaN or inf (the env was not stepped).
         """
-        value, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        value, logits, self.hx, self.cx = forward(
+            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16
+        )
         _check_finite(logits)
         prob = F.softmax(logits, dim=1)
         log_prob = F.log_softmax(logits, dim=1)
@@ -185,7 +220,7 @@ class Agent:
         if self._rollout_start is None:
             self._rollout_start = (self.hx.detach(), self.cx.detach())
         _, logits, self.hx, self.cx = act_recorded(
-            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.tape
+            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.tape, self.bf16
         )
         _check_finite(logits)
         self.actions.append(int(F.softmax(logits, dim=1).multinomial(1).item()))
@@ -205,7 +240,7 @@ class Agent:
         if self._rollout_start is None or self.tape is None:
             raise RuntimeError("replaying a rollout needs fast-path steps first")
         hx, cx = self._rollout_start
-        features = replay_features(self.model, self.tape)
+        features = replay_features(self.model, self.tape, self.bf16)
         values, logits = sequence_from_features(self.model, features, hx, cx)
         log_prob = F.log_softmax(logits, dim=1)
         prob = F.softmax(logits, dim=1)
@@ -228,7 +263,7 @@ class Agent:
         """Value of the current state (0 after a terminal step), shape (1, 1), detached."""
         if self.done:
             return torch.zeros(1, 1, device=self.device)
-        value, _, _, _ = self.model(self.state.unsqueeze(0), self.hx, self.cx)
+        value, _, _, _ = forward(self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16)
         return value
 
     def clear_actions(self) -> Agent:
@@ -238,6 +273,202 @@ class Agent:
         self.values = []
         self.log_probs = []
         self.entropies = []
+        if self.tape is not None:
+            self.tape.clear()
+        self._rollout_start = None
+        return self
+
+
+class BatchAgent:
+    """Plays K envs in lockstep with one model: one batched forward acts for all of them.
+
+    Each env plays its own rollout as `Agent` does (up to n steps, stopping at the end of its
+    episode, its own LSTM state); an env whose episode ended waits, masked out, until the
+    others finish the rollout. The K rollouts make one update: the loss is the sum of the K
+    rollouts' losses (`train.a3c_loss` with ``masks``). Training only; the test process and
+    ``gym_eval.py`` play one env with `Agent`.
+
+    Per-step buffers hold one row per env: ``values[t]``, ``log_probs[t]``, ``rewards[t]`` and
+    ``entropies[t]`` are (K, 1) tensors, ``masks[t]`` (K, 1) booleans, true where env k took
+    step t.
+
+    Attributes:
+        model, envs, device: the network, the K environments, where tensors live.
+        state: the current observations, shape (K, *observation_shape).
+        hx, cx: LSTM states, shape (K, hidden_size).
+        done: per env, its last step ended its episode (it resets at the next rollout).
+        actions: per step, the (K,) actions taken (inactive envs' entries are unused).
+        tape: the fast path's record of the encoder (None on the reference path).
+    """
+
+    def __init__(
+        self,
+        model: ActorCriticLSTM,
+        envs: list[gym.Env],
+        device: torch.device | str = "cpu",
+        clip_rewards: bool = True,
+        reward_scale: float = 1.0,
+        fast_path: bool = False,
+        bf16: bool = False,
+    ):
+        """Create the agent; call `reset` before acting. Arguments as for `Agent`."""
+        self.model = model
+        self.envs = envs
+        self.device = torch.device(device)
+        self.clip_rewards = clip_rewards
+        self.reward_scale = reward_scale
+        self.bf16 = bf16
+        self.hx, self.cx = model.initial_state(len(envs), self.device)
+        self.state = torch.zeros(0)
+        self._obs: list[np.ndarray] = []
+        self.done = [True] * len(envs)
+        self.actions: list[torch.Tensor] = []
+        self.rewards: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+        self.entropies: list[torch.Tensor] = []
+        self.steps = 0
+        self.tape = EncoderTape() if fast_path else None
+        self._rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
+        if fast_path:
+            self._act = self._act_recording
+            self.prepare_loss_inputs = self._replay_rollout
+        else:
+            self._act = self._act_with_autograd
+            self.prepare_loss_inputs = self._loss_inputs_ready
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _stack_obs(self) -> None:
+        # A new tensor every step: the reference path's graphs keep the old ones.
+        self.state = torch.as_tensor(np.stack(self._obs).astype(np.float32), device=self.device)
+
+    def reset(self, seeds: list[int] | None = None) -> None:
+        """Reset every env (env k with ``seeds[k]``) and zero every LSTM state."""
+        self._obs = [
+            np.asarray(env.reset(seed=None if seeds is None else seeds[k])[0])
+            for k, env in enumerate(self.envs)
+        ]
+        self._stack_obs()
+        self.hx, self.cx = self.model.initial_state(len(self.envs), self.device)
+        self.done = [False] * len(self.envs)
+
+    def start_rollout(self) -> None:
+        """Reset the envs whose episode ended (and their LSTM state); detach the others'."""
+        hx, cx = self.hx.detach().clone(), self.cx.detach().clone()
+        for k, env in enumerate(self.envs):
+            if self.done[k]:
+                self._obs[k] = np.asarray(env.reset()[0])
+                hx[k] = 0.0
+                cx[k] = 0.0
+                self.done[k] = False
+        self._stack_obs()
+        self.hx, self.cx = hx, cx
+        self._rollout_start = (hx, cx)
+
+    def restart_episodes(self) -> None:
+        """Start fresh episodes in every env at the next rollout (after a skipped update)."""
+        self.done = [True] * len(self.envs)
+
+    # -- acting -----------------------------------------------------------------------------
+
+    def play_rollout(self, num_steps: int) -> int:
+        """Up to `num_steps` steps in every env, each stopping at the end of its episode.
+
+        Returns:
+            The agent steps taken, summed over the envs.
+
+        Raises:
+            NonFiniteError: the policy came out NaN or inf (no env was stepped that step).
+        """
+        for _ in range(num_steps):
+            active = [not done for done in self.done]
+            if not any(active):
+                break
+            actions = self._act()
+            self._step_envs(actions.tolist(), active)
+        return self.steps
+
+    def _step_envs(self, actions: list[int], active: list[bool]) -> None:
+        """Step the active envs; record the step's rewards and mask."""
+        rewards = [0.0] * len(self.envs)
+        for k, env in enumerate(self.envs):
+            if not active[k]:
+                continue
+            obs, reward, terminated, truncated, _ = env.step(actions[k])
+            self._obs[k] = np.asarray(obs)
+            self.done[k] = bool(terminated or truncated)
+            rewards[k] = training_reward(float(reward), self.clip_rewards, self.reward_scale)
+        self._stack_obs()
+        self.rewards.append(torch.tensor(rewards, device=self.device).unsqueeze(1))
+        self.masks.append(torch.tensor(active, device=self.device).unsqueeze(1))
+        self.steps += sum(active)
+
+    def _act_with_autograd(self) -> torch.Tensor:
+        """Reference path: one batched forward with autograd; keeps the step's graph."""
+        value, logits, self.hx, self.cx = forward(
+            self.model, self.state, self.hx, self.cx, self.bf16
+        )
+        _check_finite(logits)
+        prob = F.softmax(logits, dim=1)
+        log_prob = F.log_softmax(logits, dim=1)
+        action = prob.multinomial(1).detach()
+        self.actions.append(action.squeeze(1))
+        self.values.append(value)
+        self.log_probs.append(log_prob.gather(1, action))
+        self.entropies.append(-(log_prob * prob).sum(1, keepdim=True))
+        return self.actions[-1]
+
+    def _loss_inputs_ready(self) -> BatchAgent:
+        return self
+
+    @torch.no_grad()
+    def _act_recording(self) -> torch.Tensor:
+        """Fast path: one batched forward without autograd, recording the encoder."""
+        assert self.tape is not None
+        _, logits, self.hx, self.cx = act_recorded(
+            self.model, self.state, self.hx, self.cx, self.tape, self.bf16
+        )
+        _check_finite(logits)
+        self.actions.append(F.softmax(logits, dim=1).multinomial(1).squeeze(1))
+        return self.actions[-1]
+
+    def _replay_rollout(self) -> BatchAgent:
+        """Fast path: the K rollouts' values, log-probabilities and entropies, with autograd.
+
+        The fused LSTM runs all T steps for every env; the steps an env did not take (after its
+        episode ended) compute numbers the masks keep out of the loss, and cannot reach the
+        steps before them.
+        """
+        if self._rollout_start is None or self.tape is None or not len(self.tape):
+            raise RuntimeError("replaying a rollout needs fast-path steps first")
+        hx, cx = self._rollout_start
+        features = replay_features(self.model, self.tape, self.bf16)
+        values, logits = sequence_from_features(self.model, features, hx, cx)
+        log_prob = F.log_softmax(logits, dim=1)
+        prob = F.softmax(logits, dim=1)
+        entropy = -(log_prob * prob).sum(1, keepdim=True)
+        actions = torch.stack(self.actions).view(-1, 1)  # step-major, as the tape
+        batch = len(self.envs)
+        self.values = list(values.split(batch))
+        self.log_probs = list(log_prob.gather(1, actions).split(batch))
+        self.entropies = list(entropy.split(batch))
+        return self
+
+    @torch.no_grad()
+    def bootstrap_value(self) -> torch.Tensor:
+        """Value of each env's current state, 0 where its episode ended; shape (K, 1)."""
+        value, _, _, _ = forward(self.model, self.state, self.hx, self.cx, self.bf16)
+        done = torch.tensor(self.done, device=self.device).unsqueeze(1)
+        return torch.where(done, torch.zeros_like(value), value)
+
+    def clear_actions(self) -> BatchAgent:
+        """Empty the rollout buffers (after an update)."""
+        for buffer in (self.actions, self.rewards, self.masks):
+            buffer.clear()
+        self.values, self.log_probs, self.entropies = [], [], []
+        self.steps = 0
         if self.tape is not None:
             self.tape.clear()
         self._rollout_start = None

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from cli import TrainConfig
-from environment import load_normalizer_state, make_env, normalizer_state
+from environment import load_worker_normalizer_state, make_env, worker_normalizer_state
 from model import A3Clstm, build_model
-from player_util import Agent, NonFiniteError
+from player_util import Agent, BatchAgent, NonFiniteError
 from shared_optim import SharedAdam, SharedRMSprop
 from utils import FatalRunError, ProcessContext, child_process, worker_device
 
@@ -28,18 +28,24 @@ class LossTerms:
     entropy: torch.Tensor
 
 
+def _where(took: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor | float) -> torch.Tensor:
+    """`new` where the env took the step (everywhere when `took` is None), else `old`."""
+    return new if took is None else torch.where(took, new, old)
+
+
 def a3c_loss(
     values: list[torch.Tensor],
     log_probs: list[torch.Tensor],
-    rewards: list[float],
+    rewards: list[float] | list[torch.Tensor],
     entropies: list[torch.Tensor],
     bootstrap: torch.Tensor,
     gamma: float,
     tau: float,
     entropy_coef: float,
     value_coef: float,
+    masks: list[torch.Tensor] | None = None,
 ) -> LossTerms:
-    """The A3C loss of one rollout, computed backwards from its last step.
+    """The A3C loss of one rollout (or the sum over K envs' rollouts), backwards from its end.
 
     For step i, last to first: ``R = gamma * R + r_i``; the value loss adds
     ``0.5 * (R - V_i)**2``; the GAE term is ``gae = gae * gamma * tau + delta_i`` with
@@ -47,17 +53,23 @@ def a3c_loss(
     ``log_prob_i * gae + entropy_coef * entropy_i``. Total:
     ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original).
 
+    With K envs (`BatchAgent`) every per-step entry holds one row per env and `masks` says
+    which envs took step i: an env's return, GAE and next value pass unchanged through the
+    steps after its rollout ended, which add nothing to the loss. Each env's terms are then
+    exactly its own rollout's, and the total is their sum.
+
     Args:
-        values: V(s_i) per step, each (1, 1), with grad.
-        log_probs: log pi(a_i | s_i) per step, each (1, 1), with grad.
-        rewards: (clipped) rewards per step.
-        entropies: policy entropy per step, each (1,), with grad.
-        bootstrap: detached V of the state after the last step, 0 if the rollout ended
-            an episode; shape (1, 1).
+        values: V(s_i) per step, each (K, 1), with grad (K = 1 for one env).
+        log_probs: log pi(a_i | s_i) per step, each (K, 1), with grad.
+        rewards: (clipped) rewards per step: floats for one env, (K, 1) tensors for K.
+        entropies: policy entropy per step, (1,) for one env or (K, 1), with grad.
+        bootstrap: detached V of the state after the last step, 0 where the rollout ended
+            an episode; shape (K, 1).
         gamma: discount.
         tau: GAE lambda.
         entropy_coef: weight of the entropy bonus.
         value_coef: weight of the value loss.
+        masks: per step, (K, 1) booleans: env k took step i. None: every step counts.
     """
     ret = bootstrap.detach()  # R, the n-step return
     next_value = ret
@@ -65,19 +77,27 @@ def a3c_loss(
     policy_loss = torch.zeros_like(ret)
     value_loss = torch.zeros_like(ret)
     for i in reversed(range(len(rewards))):
-        ret = gamma * ret + rewards[i]
+        took = masks[i] if masks is not None else None
+        ret = _where(took, gamma * ret + rewards[i], ret)
         advantage = ret - values[i]
-        value_loss = value_loss + 0.5 * advantage.pow(2)
+        value_loss = value_loss + _where(took, 0.5 * advantage.pow(2), 0.0)
         delta = rewards[i] + gamma * next_value - values[i].detach()
-        gae = gae * gamma * tau + delta
-        policy_loss = policy_loss - log_probs[i] * gae - entropy_coef * entropies[i]
-        next_value = values[i].detach()
+        gae = _where(took, gae * gamma * tau + delta, gae)
+        policy_loss = (
+            policy_loss
+            - _where(took, log_probs[i] * gae, 0.0)
+            - _where(took, entropy_coef * entropies[i], 0.0)
+        )
+        next_value = _where(took, values[i].detach(), next_value)
     total = (policy_loss + value_coef * value_loss).sum()
+    entropy = torch.cat(entropies).detach()
+    if masks is not None:
+        entropy = entropy[torch.cat(masks).view(entropy.shape)]
     return LossTerms(
         total=total,
         policy_loss=policy_loss.detach().sum(),
         value_loss=value_loss.detach().sum(),
-        entropy=torch.cat(entropies).detach().mean(),
+        entropy=entropy.mean(),
     )
 
 
@@ -307,27 +327,47 @@ def run_worker(
         on_update: called with each applied update's loss terms (tests, benchmarks).
         clock: times each phase of the loop (benchmarks).
     """
-    # -- setup: device, seeds, env, own model copy, agent ---------------------------------------
+    # -- setup: device, seeds, envs, own model copy, agent -------------------------------------
     device = worker_device(config.gpu_for(rank))
     seed = config.seed + rank
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
-    env = make_env(
-        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
-    )
-    env.action_space.seed(seed)
-    load_normalizer_state(env, normalizer)
+    # Env k of worker `rank` seeds with seed + rank + k * workers: one env per worker keeps
+    # the original's seed + rank, and no two envs of a run share a seed.
+    seeds = [seed + k * config.workers for k in range(config.envs_per_worker)]
+    envs = []
+    for env_seed in seeds:
+        env = make_env(
+            config.env, env_conf, config.max_episode_length, config.skip_rate,
+            config.vector_obs_norm,
+        )  # fmt: skip
+        env.action_space.seed(env_seed)
+        envs.append(env)
+    load_worker_normalizer_state(envs, normalizer)
     if optimizer is None:
         optimizer = make_optimizer(
             shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
         )
-    model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
+    model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
+    model = model.to(device)
     if config.fast_path and isinstance(model, A3Clstm):
         model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
     model.train()
-    agent = Agent(model, env, device, reward_scale=config.reward_scale, fast_path=config.fast_path)
-    agent.reset(seed=seed)
+    bf16 = config.precision == "bf16"
+    agent: Agent | BatchAgent
+    if len(envs) == 1:
+        agent = Agent(
+            model, envs[0], device, reward_scale=config.reward_scale,
+            fast_path=config.fast_path, bf16=bf16,
+        )  # fmt: skip
+        agent.reset(seed=seed)
+    else:
+        agent = BatchAgent(
+            model, envs, device, reward_scale=config.reward_scale,
+            fast_path=config.fast_path, bf16=bf16,
+        )  # fmt: skip
+        agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
     stats = TrainStats(model)
@@ -336,7 +376,7 @@ def run_worker(
     lap = clock.lap if clock is not None else _no_lap
 
     def send_report() -> None:
-        ctx.report("train", {**stats.flush(rank), "normalizer": normalizer_state(env)})
+        ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
 
     # -- the loop: one rollout, one update ------------------------------------------------------
     lap("start")
@@ -353,7 +393,7 @@ def run_worker(
             terms = a3c_loss(
                 agent.values, agent.log_probs, agent.rewards, agent.entropies,
                 agent.bootstrap_value(),
-                config.gamma, config.tau, config.entropy_coef, config.value_coef,
+                config.gamma, config.tau, config.entropy_coef, config.value_coef, agent.masks,
             )  # fmt: skip
             lap("loss")
             model.zero_grad(set_to_none=True)
@@ -363,11 +403,11 @@ def run_worker(
             lap("backward")
         except NonFiniteError:  # the policy itself: nothing was sampled
             finite = False
-        ctx.add_steps(len(agent.rewards))
+        ctx.add_steps(agent.steps)
         agent.clear_actions()
 
         if not guard.passed(finite):  # skipped: the shared model never sees it
-            agent.done = True  # the LSTM state may hold the NaN too: start a new episode
+            agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh
             continue
 
         ensure_shared_grads(model, shared_model, gpu=on_gpu)
@@ -382,7 +422,8 @@ def run_worker(
             next_report = time.monotonic() + REPORT_SECONDS
         lap("report")
     send_report()
-    env.close()
+    for env in envs:
+        env.close()
 
 
 def train(

@@ -238,6 +238,34 @@ def check_gpus(gpu_ids: Sequence[int]) -> None:
             )
 
 
+def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
+    """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
+
+    On the CPU that means oneDNN's bfloat16 kernels (AVX512-BF16 or AMX on x86); on GPUs,
+    ``torch.cuda.is_bf16_supported``. Call after `check_gpus`.
+
+    Raises:
+        UsageError: bf16 asked for and not supported here.
+    """
+    if precision != "bf16":
+        return
+    if list(gpu_ids) == [-1]:
+        mkldnn = torch.backends.mkldnn.is_available()
+        if not (mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            raise UsageError(
+                "--precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), "
+                "and this one has none; use --precision fp32"
+            )
+        return
+    for gpu_id in gpu_ids:
+        with torch.cuda.device(gpu_id):
+            if not torch.cuda.is_bf16_supported(including_emulation=False):
+                raise UsageError(
+                    f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
+                    f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
+                )
+
+
 def worker_device(gpu_id: int) -> torch.device:
     """The device for `gpu_id` (-1 = CPU), made current before any other CUDA call.
 

@@ -148,7 +148,9 @@ def test_gpu_worker_updates_the_cpu_shared_model():
 # -- fast path against the reference path ------------------------------------------------------
 
 
-def pong_rollout_grads(fast: bool, steps: int = 12) -> tuple[float, list[torch.Tensor], list[int]]:
+def pong_rollout_grads(
+    fast: bool, steps: int = 12, bf16: bool = False
+) -> tuple[float, list[torch.Tensor], list[int]]:
     """One rollout from a fixed seed: loss, gradients and the actions taken."""
     from player_util import Agent
 
@@ -158,7 +160,7 @@ def pong_rollout_grads(fast: bool, steps: int = 12) -> tuple[float, list[torch.T
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     if fast:
         model.use_channels_last()
-    agent = Agent(model, env, fast_path=fast)
+    agent = Agent(model, env, fast_path=fast, bf16=bf16)
     agent.reset(seed=3)
     for _ in range(30):  # get into the game, with a non-zero LSTM state
         agent.action_test()

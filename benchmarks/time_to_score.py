@@ -1,0 +1,181 @@
+"""Time to score: how long until an agent plays well, for each training configuration.
+
+For each configuration (a string of extra ``main.py`` flags), trains Pong with ``--workers``
+workers for at most ``--minutes`` of wall time, and reports the wall time and frames at which
+the mean of the last 10 test games first reached ``--score`` (18), the steady frames/s, and how
+finely the test process sampled the run. A configuration stops as soon as it reaches the score.
+
+    python benchmarks/time_to_score.py --minutes 30 --config "" --config "--envs-per-worker 16"
+
+How the figure is kept honest: the test process plays greedy games back to back
+(``--test-interval 0``), each with the latest weights, and a game's time is when it ended, so
+the milestone is never earlier than the agent could really play. It can be late by up to the
+10 games of the window; the report gives the median wall seconds per test game (the
+resolution) with each figure. Frames count raw emulator frames (4 per agent step), all
+workers together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from visualize import first_reaching, moving_average, parse_log  # noqa: E402
+
+STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
+
+
+def steady_frames_per_s(stderr: str, warmup: float) -> float | None:
+    """Frames/s between the first status line after `warmup` seconds and the last one."""
+    points = [
+        (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
+        for h, m, s, f in STATUS.findall(stderr)
+    ]
+    steady = [p for p in points if p[0] >= warmup]
+    if len(steady) < 2:
+        return None
+    (t0, f0), (t1, f1) = steady[0], steady[-1]
+    return (f1 - f0) / max(t1 - t0, 1)
+
+
+def summarise(log: Path, score: float, window: int) -> dict:
+    """The milestone and the test process's sampling, read from a training log."""
+    games = parse_log(log)
+    reached = first_reaching(games, score, window)
+    means = moving_average([g.reward for g in games], window)[window - 1 :]
+    gaps = [b.seconds - a.seconds for a, b in zip(games, games[1:], strict=False)]
+    return {
+        "reached": reached is not None,
+        "seconds": reached.seconds if reached else None,
+        "frames": reached.frames if reached else None,
+        "test_game": games.index(reached) + 1 if reached else None,
+        "test_games": len(games),
+        "best_window_mean": float(max(means)) if len(means) else None,
+        "last_reward": games[-1].reward if games else None,
+        "median_seconds_per_test_game": statistics.median(gaps) if gaps else None,
+    }
+
+
+def run_config(
+    extra: list[str], env: str, workers: int, minutes: float, score: float, window: int,
+    test_niceness: int, seed: int, warmup: float, keep: Path | None,
+) -> dict:  # fmt: skip
+    """Train one configuration until it reaches the score or the time budget ends."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            sys.executable, "main.py", "--env", env, "--workers", str(workers),
+            "--seed", str(seed), "--test-interval", "0", "--test-niceness", str(test_niceness),
+            "--status-interval", "10", "--save-model-dir", f"{tmp}/", "--log-dir", f"{tmp}/",
+            *extra,
+        ]  # fmt: skip
+        log = Path(tmp) / f"{env.replace('/', '_')}_log"
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        stderr_lines: list[str] = []
+        # Read stderr in the background so the launcher never blocks on a full pipe.
+        reader = threading.Thread(
+            target=lambda: stderr_lines.extend(proc.stderr),
+            daemon=True,  # type: ignore[arg-type]
+        )
+        reader.start()
+        result: dict = {}
+        while proc.poll() is None and time.monotonic() - started < minutes * 60:
+            time.sleep(10)
+            if log.exists():
+                result = summarise(log, score, window)
+                if result["reached"]:
+                    break
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=120)
+        reader.join(timeout=10)
+        result = summarise(log, score, window) if log.exists() else {"reached": False}
+        stderr = "".join(stderr_lines)
+        result.update(
+            {
+                "flags": shlex.join(extra),
+                "command": shlex.join(["python", *cmd[1:]]),
+                "wall_seconds": round(time.monotonic() - started),
+                "frames_per_s": steady_frames_per_s(stderr, warmup),
+                "exit_code": proc.returncode,
+            }
+        )
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            label = re.sub(r"[^A-Za-z0-9]+", "_", shlex.join(extra)).strip("_") or "default"
+            (keep / f"{label}_log").write_text(log.read_text() if log.exists() else "")
+    return result
+
+
+def describe(row: dict, score: float, window: int) -> str:
+    """One line per configuration."""
+    fps = f"{row['frames_per_s']:,.0f} frames/s" if row.get("frames_per_s") else "frames/s ?"
+    resolution = row.get("median_seconds_per_test_game")
+    sampling = f"{row.get('test_games', 0)} test games" + (
+        f", one per {resolution:.0f} s" if resolution else ""
+    )
+    if row.get("reached"):
+        what = (
+            f"mean of {window} reached {score:g} after {row['seconds'] / 60:.1f} min, "
+            f"{row['frames']:,} frames"
+        )
+    else:
+        best = row.get("best_window_mean")
+        what = f"did not reach {score:g} in {row['wall_seconds'] / 60:.1f} min" + (
+            f" (best {window}-game mean {best:.2f})" if best is not None else ""
+        )
+    return f"[{row['flags'] or 'defaults'}] {what}; {fps}; {sampling}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run each configuration in turn; print one line each and save the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--config", action="append", default=None,
+        help="extra main.py flags, quoted; repeat for several (default: one run, no flags)",
+    )  # fmt: skip
+    p.add_argument("--env", default="PongNoFrameskip-v4")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--minutes", type=float, default=30, help="wall-time budget per config")
+    p.add_argument("--score", type=float, default=18.0)
+    p.add_argument("--window", type=int, default=10, help="test games in the mean")
+    p.add_argument("--test-niceness", type=int, default=10, help="as main.py's (its default)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--warmup", type=float, default=60, help="seconds left out of frames/s")
+    p.add_argument("--keep-logs", type=Path, help="copy each run's training log here")
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args(argv)
+    if args.minutes <= 0:
+        p.error(f"--minutes must be positive, got {args.minutes}")
+    results = []
+    for config in args.config or [""]:
+        row = run_config(
+            shlex.split(config), args.env, args.workers, args.minutes, args.score, args.window,
+            args.test_niceness, args.seed, args.warmup, args.keep_logs,
+        )  # fmt: skip
+        results.append(row)
+        print(describe(row, args.score, args.window), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
