@@ -1,12 +1,15 @@
-"""Where one training worker's time goes, per agent step, fast path against reference path.
+"""Where one training worker's time goes, per agent step, in each training mode.
 
-Runs the real worker loop (`train.run_worker`: weight sync, n-step rollout on a real env,
+Runs the real worker loop (`train.run_worker`: weight sync, n-step rollout on real envs,
 loss, backward, gradient hand-off, optimizer step, report) in this one process on one
-thread, timing each phase through its `PhaseClock` hook, for ``--seconds`` per path after
-``--warmup-updates`` updates, alternating the two paths ``--rounds`` times so that a noisy
-machine affects both alike.
+thread, timing each phase through its `PhaseClock` hook, for ``--seconds`` per mode after
+``--warmup-updates`` updates, alternating the modes ``--rounds`` times so that a noisy
+machine affects all alike. A mode is ``fast`` or ``reference`` (``--no-fast-path``), then
+optionally ``,kN`` (``--envs-per-worker N``) and ``,bf16`` (``--precision bf16``). It also
+times the env alone (random actions, the full wrapper stack), the floor of "act+env".
 
     python benchmarks/bench_step.py --seconds 30 --rounds 2
+    python benchmarks/bench_step.py --modes fast fast,k16 fast,k16,bf16 reference
 """
 
 from __future__ import annotations
@@ -33,10 +36,47 @@ PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report"
 """The worker loop's laps (`train.run_worker`); "loss" includes the bootstrap value."""
 
 
-def profile(env_id: str, fast: bool, seconds: float, warmup_updates: int) -> dict[str, float]:
+def mode_flags(mode: str) -> list[str]:
+    """``fast,k16,bf16`` -> the main.py flags of that mode.
+
+    Raises:
+        ValueError: an unknown part.
+    """
+    path, *options = mode.split(",")
+    if path not in ("fast", "reference"):
+        raise ValueError(f"mode {mode!r} must start with fast or reference")
+    flags = ["--fast-path" if path == "fast" else "--no-fast-path"]
+    for option in options:
+        if option == "bf16":
+            flags += ["--precision", "bf16"]
+        elif option.startswith("k") and option[1:].isdigit():
+            flags += ["--envs-per-worker", option[1:]]
+        else:
+            raise ValueError(f"unknown part {option!r} in mode {mode!r}; use kN or bf16")
+    return flags
+
+
+def env_alone(env_id: str, steps: int = 2000) -> float:
+    """Milliseconds per agent step of the env with its wrappers, random actions."""
+    config = parse_train_args(["--env", env_id, "--env-config", str(ROOT / "config.json")])
+    env_conf = env_config(read_config(config.env_config), config.env)
+    env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    elapsed = time.perf_counter() - start
+    env.close()
+    return 1e3 * elapsed / steps
+
+
+def profile(env_id: str, mode: str, seconds: float, warmup_updates: int) -> dict[str, float]:
     """Milliseconds per agent step in each phase of the real worker loop."""
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
-    config = parse_train_args([*flags, "--fast-path" if fast else "--no-fast-path"])
+    config = parse_train_args([*flags, *mode_flags(mode)])
     env_conf = env_config(read_config(config.env_config), config.env)
     env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
     shared = build_model(env.observation_space, env.action_space, config.hidden_size)
@@ -66,20 +106,26 @@ def profile(env_id: str, fast: bool, seconds: float, warmup_updates: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Alternate the two paths, print ms per step per phase."""
+    """Alternate the modes, print ms per step per phase."""
     p = argparse.ArgumentParser(description="Per-step phase timings of one worker.")
     p.add_argument("--env", default="PongNoFrameskip-v4")
-    p.add_argument("--seconds", type=float, default=30, help="timed seconds per path and round")
+    p.add_argument("--modes", nargs="+", default=["fast", "reference"])
+    p.add_argument("--seconds", type=float, default=30, help="timed seconds per mode and round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup-updates", type=int, default=30)
     args = p.parse_args(argv)
+    try:
+        for mode in args.modes:
+            mode_flags(mode)
+    except ValueError as err:
+        p.error(str(err))
     torch.set_num_threads(1)
-    print(f"{'path':10} " + " ".join(f"{ph:>9}" for ph in (*PHASES, "total")) + "  (ms/step)")
+    print(f"env alone: {env_alone(args.env):.2f} ms/step (wrappers included, random actions)")
+    print(f"{'mode':16} " + " ".join(f"{ph:>9}" for ph in (*PHASES, "total")) + "  (ms/step)")
     for _ in range(args.rounds):
-        for fast in (True, False):
-            row = profile(args.env, fast, args.seconds, args.warmup_updates)
-            name = "fast" if fast else "reference"
-            print(f"{name:10} " + " ".join(f"{row[ph]:9.2f}" for ph in (*PHASES, "total")))
+        for mode in args.modes:
+            row = profile(args.env, mode, args.seconds, args.warmup_updates)
+            print(f"{mode:16} " + " ".join(f"{row[ph]:9.2f}" for ph in (*PHASES, "total")))
     return 0
 
 

@@ -1,14 +1,16 @@
-"""Steady-state training throughput of main.py: fast path against the reference path.
+"""Steady-state training throughput of main.py: each training mode against the reference path.
 
-For each worker count, runs ``main.py`` twice in a row, ``--fast-path`` and
-``--no-fast-path`` (the original's way: forward with autograd at every step, per-tensor weight
-copies), each for ``--seconds`` seconds, then stops it with SIGINT. Frames per second are read
-from the launcher's status lines after ``--warmup`` seconds, so start-up is excluded. Peak memory
-(RSS) of every process is sampled once a second, and GPU memory with ``nvidia-smi`` when there is
-a GPU.
+For each worker count, runs ``main.py`` once per mode and once on the reference path
+(``--no-fast-path``: the original's computation, one env per worker, fp32), one after the other,
+each for ``--seconds`` seconds, then stops it with SIGINT. A mode is ``fast`` or ``reference``,
+then optionally ``,kN`` (``--envs-per-worker N``) and ``,bf16`` (``--precision bf16``), as in
+``bench_step.py``. Frames per second are read from the launcher's status lines after
+``--warmup`` seconds, so start-up is excluded. Peak memory (RSS) of every process is sampled once
+a second, and GPU memory with ``nvidia-smi`` when there is a GPU.
 
     python benchmarks/bench_training.py --workers 2 --seconds 120
-    python benchmarks/bench_training.py --workers 4 8 16 --gpu-ids 0 --json out.json
+    python benchmarks/bench_training.py --workers 2 --modes fast fast,k16 fast,k16,bf16
+    python benchmarks/bench_training.py --workers 16 --gpu-ids 0 --modes fast,k1 fast,k4 fast,k16
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_step import mode_flags  # noqa: E402
+
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
 
@@ -133,30 +139,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=120, help="length of each run")
     p.add_argument("--warmup", type=float, default=30, help="seconds left out at the start")
     p.add_argument("--status-interval", type=float, default=5)
+    p.add_argument(
+        "--modes", nargs="+", default=["fast"], help="modes run besides the reference path"
+    )
+    p.add_argument(
+        "--no-reference", action="store_true", help="skip the reference run (no ratios then)"
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.seconds <= args.warmup + 2 * args.status_interval:
         print("bench_training.py: error: --seconds must exceed --warmup by two status intervals")
         return 2
 
+    try:
+        modes = {mode: mode_flags(mode) for mode in args.modes}
+    except ValueError as err:
+        p.error(str(err))
+    if not args.no_reference:
+        modes["reference"] = mode_flags("reference")
     results = []
     for workers in args.workers:
-        row = {"env": args.env, "workers": workers, "gpu_ids": args.gpu_ids}
-        for path in ("fast", "reference"):
-            flags = [
+        row: dict = {"env": args.env, "workers": workers, "gpu_ids": args.gpu_ids, "modes": {}}
+        for mode, flags in modes.items():
+            command = [
                 "--env", args.env, "--workers", str(workers), "--gpu-ids",
-                *map(str, args.gpu_ids), "--fast-path" if path == "fast" else "--no-fast-path",
+                *map(str, args.gpu_ids), *flags,
             ]  # fmt: skip
-            row[path] = run_once(flags, args.seconds, args.warmup, args.status_interval)
-        row["speedup"] = row["fast"]["frames_per_s"] / row["reference"]["frames_per_s"]
+            row["modes"][mode] = run_once(command, args.seconds, args.warmup, args.status_interval)
+            row["modes"][mode]["flags"] = " ".join(flags)
+        reference = row["modes"].get("reference")
+        for mode, result in row["modes"].items():
+            if reference is not None:
+                result["speedup"] = result["frames_per_s"] / reference["frames_per_s"]
+            ratio = f", {result['speedup']:.2f}x the reference" if "speedup" in result else ""
+            print(
+                f"{args.env} workers {workers} {mode}: {result['frames_per_s']:.0f} frames/s"
+                f"{ratio}; peak RSS {result['peak_rss_mib']} MiB; "
+                f"GPU {result['peak_gpu_mib'] or '-'}",
+                flush=True,
+            )
         results.append(row)
-        print(
-            f"{args.env} workers {workers}: fast {row['fast']['frames_per_s']:.0f} frames/s, "
-            f"reference {row['reference']['frames_per_s']:.0f} frames/s, "
-            f"speed-up {row['speedup']:.2f}x; peak RSS fast {row['fast']['peak_rss_mib']} MiB, "
-            f"reference {row['reference']['peak_rss_mib']} MiB; "
-            f"GPU {row['fast']['peak_gpu_mib'] or '-'}"
-        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

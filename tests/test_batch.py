@@ -291,3 +291,52 @@ def test_fp32_single_env_worker_is_unchanged_by_the_new_flags():
     default, _ = worker_losses(args, updates=3)
     explicit, _ = worker_losses(replace(args, envs_per_worker=1, precision="fp32"), updates=3)
     assert default == explicit
+
+
+def test_conv_backward_in_chunks_gives_the_one_batch_gradients(monkeypatch):
+    import fast_path
+
+    monkeypatch.setattr(fast_path, "BACKWARD_CHUNK", 10_000)
+    _, whole, _, _ = batch_rollout(fast=True, envs=3, steps=8)
+    monkeypatch.setattr(fast_path, "BACKWARD_CHUNK", 7)  # 24 rows: chunks of 7, 7, 7, 3
+    _, chunked, _, _ = batch_rollout(fast=True, envs=3, steps=8)
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+# -- through the CLI ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_k_envs_run_through_the_cli_saves_per_env_normalisers_and_resumes(tmp_path):
+    import json
+
+    from checkpoint import TrainingState
+    from tests.conftest import PONG, PONG_FLAGS, folders, run_cli
+
+    precision = ["--precision", "bf16"] if BF16_CPU else []
+    flags = [
+        *PONG_FLAGS, "--workers", "2", "--envs-per-worker", "3", *precision,
+        "--test-interval", "0", "--test-niceness", "0", *folders(tmp_path),
+    ]  # fmt: skip
+    result = run_cli("main.py", *flags, "--max-steps", "600", timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state_path = tmp_path / "models" / f"{PONG}_state.pt"
+    saved = TrainingState.read_file(state_path)
+    assert saved["steps"] >= 600
+    for rank in ("0", "1"):
+        per_env = saved["normalizers"][rank]
+        assert per_env["kind"] == "per_env" and len(per_env["envs"]) == 3
+        assert all(env["num_steps"] > 0 for env in per_env["envs"])
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["config"]["envs_per_worker"] == 3
+
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    result = run_cli("main.py", *flags, *load, "--max-steps", "1200", timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    again = TrainingState.read_file(state_path)
+    assert again["steps"] >= 1200
+    for rank in ("0", "1"):
+        before = [env["num_steps"] for env in saved["normalizers"][rank]["envs"]]
+        after = [env["num_steps"] for env in again["normalizers"][rank]["envs"]]
+        assert all(a > b for a, b in zip(after, before, strict=True))
