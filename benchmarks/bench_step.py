@@ -73,8 +73,15 @@ def env_alone(env_id: str, steps: int = 2000) -> float:
     return 1e3 * elapsed / steps
 
 
-def profile(env_id: str, mode: str, seconds: float, warmup_updates: int) -> dict[str, float]:
-    """Milliseconds per agent step in each phase of the real worker loop."""
+def profile(
+    env_id: str, mode: str, seconds: float, warmup_updates: int, ops: int = 0
+) -> dict[str, float]:
+    """Milliseconds per agent step in each phase of the real worker loop.
+
+    With `ops`, also runs PyTorch's profiler over the timed part and prints the `ops` operators
+    with the most self CPU time, in ms per agent step (the profiler adds its own overhead to
+    every operator, so the phases' totals are the figures to quote; this says what is inside).
+    """
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
     config = parse_train_args([*flags, *mode_flags(mode)])
     env_conf = env_config(read_config(config.env_config), config.env)
@@ -85,6 +92,9 @@ def profile(env_id: str, mode: str, seconds: float, warmup_updates: int) -> dict
     optimizer = make_optimizer(shared.parameters(), config.optimizer, config.lr, config.amsgrad)
     ctx = ProcessContext.create(mp.get_context("spawn"))
     clock = PhaseClock()
+    profiler = (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if ops else None
+    )
     updates = 0
     timed_from: tuple[float, int] | None = None  # (time, steps) when timing began
 
@@ -93,6 +103,8 @@ def profile(env_id: str, mode: str, seconds: float, warmup_updates: int) -> dict
         updates += 1
         if updates == warmup_updates:
             clock.reset()
+            if profiler is not None:
+                profiler.start()
             timed_from = (time.perf_counter(), ctx.total_steps())
         elif timed_from is not None and time.perf_counter() - timed_from[0] >= seconds:
             ctx.stop_event.set()
@@ -100,6 +112,13 @@ def profile(env_id: str, mode: str, seconds: float, warmup_updates: int) -> dict
     run_worker(0, config, env_conf, shared, optimizer, ctx, on_update=on_update, clock=clock)
     assert timed_from is not None
     steps = ctx.total_steps() - timed_from[1]
+    if profiler is not None:
+        profiler.stop()
+        rows = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        print(f"{mode}: operators by self CPU time, ms per agent step (profiler on)")
+        for event in rows[:ops]:
+            per_step = event.self_cpu_time_total / 1e3 / steps
+            print(f"  {event.key[:48]:48} {per_step:7.3f}  ({event.count / steps:.1f} calls/step)")
     out = {phase: 1e3 * clock.totals[phase] / steps for phase in PHASES}
     out["total"] = sum(out.values())
     return out
@@ -113,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30, help="timed seconds per mode and round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup-updates", type=int, default=30)
+    p.add_argument(
+        "--ops", type=int, default=0, help="profile the first mode's N costliest operators"
+    )
     args = p.parse_args(argv)
     try:
         for mode in args.modes:
@@ -122,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     print(f"env alone: {env_alone(args.env):.2f} ms/step (wrappers included, random actions)")
     print(f"{'mode':16} " + " ".join(f"{ph:>9}" for ph in (*PHASES, "total")) + "  (ms/step)")
+    if args.ops:
+        profile(args.env, args.modes[0], args.seconds, args.warmup_updates, args.ops)
     for _ in range(args.rounds):
         for mode in args.modes:
             row = profile(args.env, mode, args.seconds, args.warmup_updates)
