@@ -273,6 +273,7 @@ def test_bf16_is_refused_where_the_cpu_lacks_it(monkeypatch):
     check_precision("fp32", [-1])  # fp32 always works
 
 
+@pytest.mark.gpu
 @requires_cuda
 def test_k_envs_bf16_worker_on_gpu():
     args = make_args(
