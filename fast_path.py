@@ -162,8 +162,9 @@ def replay_features(model: ActorCriticLSTM, tape: EncoderTape, bf16: bool = Fals
     if not len(tape):
         raise RuntimeError("replay_features() needs steps recorded by encode_recorded()")
     if not isinstance(model, A3Clstm):
-        with torch.autocast(tape.get("input").device.type, torch.bfloat16, enabled=bf16):
-            return model.encode(tape.get("input")).float()
+        observations = tape.get("input")
+        with torch.autocast(observations.device.type, torch.bfloat16, enabled=bf16):
+            return model.encode(observations).float()
     params = [t for conv in model.convs() for t in (conv.weight, conv.bias)]
     return _ReplayConvStack.apply(model, tape, *params).float()
 

@@ -342,7 +342,7 @@ class BatchAgent:
 
     def _stack_obs(self) -> None:
         # A new tensor every step: the reference path's graphs keep the old ones.
-        self.state = torch.as_tensor(np.stack(self._obs).astype(np.float32), device=self.device)
+        self.state = torch.as_tensor(np.stack(self._obs, dtype=np.float32), device=self.device)
 
     def reset(self, seeds: list[int] | None = None) -> None:
         """Reset every env (env k with ``seeds[k]``) and zero every LSTM state."""

@@ -238,6 +238,11 @@ def check_gpus(gpu_ids: Sequence[int]) -> None:
             )
 
 
+def cpu_has_bf16() -> bool:
+    """Whether oneDNN has bfloat16 kernels for this CPU (AVX512-BF16 or AMX on x86)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
     """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
 
@@ -250,8 +255,7 @@ def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
     if precision != "bf16":
         return
     if list(gpu_ids) == [-1]:
-        mkldnn = torch.backends.mkldnn.is_available()
-        if not (mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if not cpu_has_bf16():
             raise UsageError(
                 "--precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), "
                 "and this one has none; use --precision fp32"

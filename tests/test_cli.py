@@ -34,7 +34,7 @@ from tests.conftest import (
     run_cli,
     wait_group_gone,
 )
-from utils import UsageError
+from utils import UsageError, cpu_has_bf16
 
 # -- bad input ---------------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
 # -- learning ----------------------------------------------------------------------------------
 
 
-BF16_CPU = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BF16_CPU = cpu_has_bf16()
 
 
 @pytest.mark.slow
