@@ -15,6 +15,7 @@ import torch
 from cli import EvalConfig, TrainConfig, parse_eval_args, parse_train_args
 from environment import env_config, read_config
 from model import A3Clstm
+from utils import cpu_has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +57,8 @@ def crop(env_id: str) -> dict[str, int]:
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16_CPU = cpu_has_bf16()
+requires_bf16_cpu = pytest.mark.skipif(not BF16_CPU, reason="this CPU has no bfloat16 kernels")
 
 
 # -- end-to-end runs of the CLI ------------------------------------------------------------------

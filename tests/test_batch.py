@@ -16,14 +16,18 @@ from environment import (
 )
 from model import build_model
 from player_util import Agent, BatchAgent
-from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
+from tests.conftest import (
+    BF16_CPU,
+    ROOT,
+    crop,
+    env_kwargs,
+    make_args,
+    requires_bf16_cpu,
+    requires_cuda,
+)
 from tests.test_train import worker_losses
 from train import a3c_loss
-from utils import UsageError, check_precision, cpu_has_bf16
-
-BF16_CPU = cpu_has_bf16()
-requires_bf16_cpu = pytest.mark.skipif(not BF16_CPU, reason="this CPU has no bfloat16 kernels")
-
+from utils import UsageError, check_precision
 
 # -- the masked loss ----------------------------------------------------------------------------
 

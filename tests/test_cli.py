@@ -31,10 +31,11 @@ from tests.conftest import (
     folders,
     group_alive,
     load_pong_dat,
+    requires_bf16_cpu,
     run_cli,
     wait_group_gone,
 )
-from utils import UsageError, cpu_has_bf16
+from utils import UsageError
 
 # -- bad input ---------------------------------------------------------------------------------
 
@@ -255,17 +256,12 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
 # -- learning ----------------------------------------------------------------------------------
 
 
-BF16_CPU = cpu_has_bf16()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "precision",
     [
         "fp32",
-        pytest.param(
-            "bf16", marks=pytest.mark.skipif(not BF16_CPU, reason="no bfloat16 on this CPU")
-        ),
+        pytest.param("bf16", marks=requires_bf16_cpu),
     ],
 )
 def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
