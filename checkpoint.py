@@ -140,8 +140,14 @@ def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str
 
 
 def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of the weights, as saved in ``.dat`` files."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    """A CPU copy of the weights, as saved in ``.dat`` files.
+
+    Always in the contiguous layout the original saves, also from a channels_last model.
+    """
+    return {
+        k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+        for k, v in model.state_dict().items()
+    }
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:

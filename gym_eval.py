@@ -162,7 +162,7 @@ def evaluate(args: EvalConfig) -> dict:
     shown = build_env("human") if args.render else None
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)
-    model.to(device).eval()
+    model.to(device).use_channels_last().eval()
     log.info(f"evaluating {model_path} on {args.env} for {args.num_episodes} games")
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
 

@@ -70,6 +70,15 @@ class ActorCriticLSTM(nn.Module):
             self.critic_linear.bias.zero_()
         init_lstm(self.lstm)
 
+    channels_last = False
+
+    def use_channels_last(self) -> ActorCriticLSTM:
+        """Lay conv weights out as channels_last where the encoder has any (`A3Clstm`).
+
+        A flat-vector encoder has no conv layout to change: this returns the model as it is.
+        """
+        return self
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Map a batch of observations to flat features."""
         raise NotImplementedError
@@ -133,8 +142,6 @@ class A3Clstm(ActorCriticLSTM):
                 conv.weight.mul_(relu_gain)
                 conv.bias.zero_()
         self._init_tail()
-
-    channels_last = False
 
     def use_channels_last(self) -> A3Clstm:
         """Lay the conv weights (and inputs, in `encode`) out as channels_last.

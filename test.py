@@ -57,6 +57,10 @@ def run_test(
         config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
     )
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
+    if config.fast_path:
+        # The workers' acting layout: a greedy step costs about a third less, so on the CPU
+        # the workers leave, test games end sooner and score newer weights.
+        model.use_channels_last()
     model.eval()
     agent = Agent(model, env, device, clip_rewards=False)
     model.load_state_dict(shared_model.state_dict())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from checkpoint import cpu_state_dict
 from fast_path import EncoderTape, act_recorded, encode_recorded, max_unpool, replay_features
 from model import A3Clstm, A3CMlp, build_model, norm_col_init
 from utils import UsageError
@@ -108,6 +109,29 @@ def test_checkpoint_round_trip_with_weights_only(model, tmp_path):
     hx, cx = model.initial_state()
     for a, b in zip(model(x, hx, cx), loaded(x, hx, cx), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_channels_last_acts_greedily_like_the_saved_layout_and_saves_it(model, tmp_path):
+    """The test process and gym_eval.py play in channels_last; files keep the usual layout."""
+    fast = A3Clstm(1, gym.spaces.Discrete(6))
+    fast.load_state_dict(model.state_dict())
+    fast.use_channels_last()
+    assert not fast.conv2.weight.is_contiguous()
+    hx, cx = model.initial_state(8)
+    x = torch.randn(8, 1, 80, 80)
+    with torch.no_grad():
+        expected, got = model(x, hx, cx), fast(x, hx, cx)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(expected[1].argmax(1), got[1].argmax(1))
+
+    saved = cpu_state_dict(fast)
+    assert all(t.is_contiguous() for t in saved.values())
+    torch.save(saved, tmp_path / "m.dat")
+    reloaded = A3Clstm(1, gym.spaces.Discrete(6))
+    reloaded.load_state_dict(torch.load(tmp_path / "m.dat", weights_only=True))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
 
 
 def test_every_parameter_gets_a_gradient(model):
