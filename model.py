@@ -146,8 +146,8 @@ class A3Clstm(ActorCriticLSTM):
     def use_channels_last(self) -> A3Clstm:
         """Lay the conv weights (and inputs, in `encode`) out as channels_last.
 
-        channels_last: batch-1 forward 2.9 ms instead of 4.4 ms eager on the 2-core CPU,
-        same numbers within float rounding (see benchmarks/).
+        On the 2-core CPU the batch-1 forward takes about 60% of the eager time, with the same
+        numbers within float rounding (`benchmarks/bench_networks.py`, case ``act``).
         """
         self.to(memory_format=torch.channels_last)
         self.channels_last = True

@@ -57,7 +57,7 @@ def make_model(device: torch.device, mode: str) -> A3Clstm:
     args = argparse.Namespace(hidden_size=512)
     model = A3Clstm(1, gym.spaces.Discrete(6), args.hidden_size).to(device)
     if mode == "channels_last":
-        model = model.to(memory_format=torch.channels_last)
+        model.use_channels_last()
     return model
 
 
