@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
@@ -151,6 +152,12 @@ class TrainConfig(CommonConfig):
         "(float32 weights, LSTM and optimizer); needs a CPU with AVX512-BF16/AMX or a GPU that "
         "has bfloat16",
     )
+    lr_schedule: str = flag(
+        "constant",
+        choices=LR_SCHEDULES,
+        help="constant: --lr throughout (the original); linear: fall in a straight line from "
+        "--lr to 0 at --max-steps (the A3C paper's annealing; needs --max-steps)",
+    )
     state_interval: float = flag(
         300.0,
         help="seconds between writes of the training-state file <env>_state.pt (optimizer "
@@ -278,6 +285,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     _validate_common(config)
     if config.max_steps < 0:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
+    if config.lr_schedule == "linear" and config.max_steps == 0:
+        raise UsageError(
+            "--lr-schedule linear falls to 0 at --max-steps, which is 0 (no limit); give "
+            "--max-steps N, or use --lr-schedule constant"
+        )
     if not (math.isfinite(config.test_interval) and config.test_interval >= 0):
         raise UsageError(f"--test-interval must be 0 or more seconds, got {config.test_interval}")
     if not 0 <= config.test_niceness <= 19:

@@ -19,6 +19,7 @@ from torch import nn
 
 from checkpoint import RunPaths, TrainingState, write_json_atomic
 from cli import TrainConfig, as_dict
+from shared_optim import scheduled_lr
 from utils import ProcessContext, format_elapsed
 
 
@@ -206,15 +207,17 @@ class RunMonitor:
         self.fps = frames_done / max(now - self.last_tick, 1e-9)
         self.last_tick, self.last_steps = now, steps
         if self.writer is not None:
-            self._write_training(steps * self.frames_per_step)
+            self._write_training(steps)
         self.train_window = []
         if self.interval > 0:
             self.log.info(self.status_line(now, steps))
 
-    def _write_training(self, frames: int) -> None:
+    def _write_training(self, steps: int) -> None:
         assert self.writer is not None
+        frames = steps * self.frames_per_step
         self.writer.add_scalar("train/fps", self.fps, frames)
-        self.writer.add_scalar("train/lr", self.config.lr, frames)
+        lr = scheduled_lr(self.config.lr, self.config.lr_schedule, steps, self.config.max_steps)
+        self.writer.add_scalar("train/lr", lr, frames)
         if self.train_window:
             updates = sum(r["updates"] for r in self.train_window) or 1
             keys = [k for k in self.train_window[0] if k not in ("rank", "updates")]

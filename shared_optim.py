@@ -33,6 +33,35 @@ def _same_setting(a: Any, b: Any) -> bool:
     return a == b
 
 
+LR_SCHEDULES = ("constant", "linear")
+
+
+def scheduled_lr(lr: float, schedule: str, steps: int, max_steps: int) -> float:
+    """The learning rate after `steps` agent steps (all workers together) under `schedule`.
+
+    ``constant`` is `lr` throughout (the original A3G). ``linear`` falls in a straight line
+    from `lr` at step 0 to 0 at `max_steps` and stays there (the A3C paper's annealing): the
+    last updates barely move the weights, so the policy the run ends with is a settled one.
+    A resumed run goes on down the same line, as its step count goes on.
+
+    Raises:
+        ValueError: an unknown schedule, or ``linear`` without a step budget.
+    """
+    if schedule == "constant":
+        return lr
+    if schedule != "linear":
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}; pick one of {LR_SCHEDULES}")
+    if max_steps <= 0:
+        raise ValueError("the linear learning-rate schedule needs a step budget (max_steps > 0)")
+    return lr * max(0.0, 1.0 - steps / max_steps)
+
+
+def set_lr(optimizer: optim.Optimizer, lr: float) -> None:
+    """Use `lr` for the next steps (this process's copy of the settings; the statistics stay)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 class _SharedOptimizer(optim.Optimizer):
     """Base class: eager state creation and `share_memory`."""
 

@@ -14,7 +14,7 @@ from cli import TrainConfig
 from environment import load_worker_normalizer_state, make_env, worker_normalizer_state
 from model import build_model
 from player_util import Agent, BatchAgent, NonFiniteError
-from shared_optim import SharedAdam, SharedRMSprop
+from shared_optim import SharedAdam, SharedRMSprop, scheduled_lr, set_lr
 from utils import FatalRunError, ProcessContext, child_process, worker_device
 
 
@@ -411,6 +411,8 @@ def run_worker(
             continue
 
         ensure_shared_grads(model, shared_model, gpu=on_gpu)
+        lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)
+        set_lr(optimizer, lr)  # --lr-schedule: this worker's copy of the settings
         optimizer.step()
         lap("optimizer")
 

@@ -133,6 +133,9 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
         parse_eval_args(["--num-episodes", "0"])
     with pytest.raises(UsageError, match=r"--gpu-ids mixes -1 \(CPU\) with GPU ids \[-1, 0\]"):
         parse_train_args(["--gpu-ids", "-1", "0"])
+    with pytest.raises(UsageError, match="--lr-schedule linear falls to 0 at --max-steps, which"):
+        parse_train_args(["--lr-schedule", "linear"])
+    assert parse_train_args(["--lr-schedule", "linear", "--max-steps", "9"]).max_steps == 9
 
 
 # -- Pong end to end ---------------------------------------------------------------------------
@@ -266,7 +269,11 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
 )
 def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
     """The proof that the Hogwild update is right: greedy mean >= 475 over 20 games; and
-    that it still learns with the encoder in bf16 (measured: 500.00 over 20 games)."""
+    that it still learns with the encoder in bf16 (measured: 500.00 over 20 games).
+
+    The lr falls linearly to 0 at the budget, so the policy the run ends with has settled:
+    at a constant lr, late test games of 500 come with falls to ~170, and the --save-max
+    checkpoint can be one of the shaky ones (CI once: bf16, 427.6 over 20 games)."""
     result = run_cli(
         "main.py",
         "--precision", precision,
@@ -277,6 +284,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
         "--max-steps", "400000",
         "--hidden-size", "64",
         "--lr", "0.001",
+        "--lr-schedule", "linear",
         "--reward-scale", "0.1",
         "--tau", "0.95",
         "--test-interval", "0.5",

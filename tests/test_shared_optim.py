@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from shared_optim import SharedAdam, SharedRMSprop
+from shared_optim import SharedAdam, SharedRMSprop, scheduled_lr, set_lr
 from utils import UsageError
 
 
@@ -159,6 +159,48 @@ def test_loading_statistics_with_the_same_settings_reports_no_change():
 def test_bad_hyperparameters_are_rejected(make, message):
     with pytest.raises(UsageError, match=message):
         make(small_net().parameters())
+
+
+# -- the learning-rate schedule -----------------------------------------------------------------
+
+
+def test_linear_schedule_falls_from_lr_to_zero_at_the_budget_and_stays():
+    lr = 4e-4
+    assert scheduled_lr(lr, "linear", 0, 1000) == lr
+    assert scheduled_lr(lr, "linear", 250, 1000) == pytest.approx(3e-4)
+    assert scheduled_lr(lr, "linear", 500, 1000) == pytest.approx(2e-4)
+    assert scheduled_lr(lr, "linear", 1000, 1000) == 0.0
+    assert scheduled_lr(lr, "linear", 1300, 1000) == 0.0  # the last rollouts overshoot
+    assert [scheduled_lr(lr, "constant", s, m) for s, m in ((0, 0), (900, 1000))] == [lr, lr]
+
+
+def test_schedule_misuse_is_an_error():
+    with pytest.raises(ValueError, match="needs a step budget"):
+        scheduled_lr(1e-3, "linear", 10, 0)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'cosine'"):
+        scheduled_lr(1e-3, "cosine", 10, 100)
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kwargs"), [CASES[0], CASES[3]])
+def test_set_lr_steps_as_an_optimizer_made_with_that_lr(ours, theirs, kwargs):
+    """Changing the lr between steps matches torch.optim stepped with the same lrs, and leaves
+    the statistics in shared memory."""
+    a, b = small_net(), small_net()
+    opt_a, opt_b = ours(a.parameters(), **kwargs), theirs(b.parameters(), **kwargs)
+    opt_a.share_memory()
+    for step, lr in enumerate((kwargs["lr"], kwargs["lr"] / 2, 0.0)):
+        set_lr(opt_a, lr)
+        for group in opt_b.param_groups:
+            group["lr"] = lr
+        set_grads(a, step)
+        set_grads(b, step)
+        before = [p.clone() for p in a.parameters()]
+        opt_a.step()
+        opt_b.step()
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), before, strict=True))  # lr 0
+    assert all(v.is_shared() for s in opt_a.state.values() for v in s.values())
 
 
 # -- across processes --------------------------------------------------------------------------

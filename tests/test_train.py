@@ -134,6 +134,29 @@ def test_worker_with_its_own_optimizer():
     assert any(not torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
 
 
+@pytest.mark.parametrize(("schedule", "last_lr"), [("constant", 1e-3), ("linear", 0.0)])
+def test_worker_follows_the_lr_schedule_down_to_the_budget(schedule, last_lr):
+    """The last update of a run comes at the step budget: the linear schedule has reached 0
+    there, and the one before it was on the line between --lr and 0."""
+    args = make_args(
+        env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"), lr=1e-3,
+        lr_schedule=schedule, max_steps=100,
+    )  # fmt: skip
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
+    env.close()
+    optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
+    ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=args.max_steps)
+    lrs: list[float] = []
+    run_worker(
+        0, args, crop(args.env), shared, optimizer, ctx,
+        on_update=lambda _: lrs.append(optimizer.param_groups[0]["lr"]),
+    )  # fmt: skip
+    assert len(lrs) >= 5 and lrs[-1] == last_lr
+    if schedule == "linear":
+        assert 0 < lrs[-2] < lrs[0] < 1e-3 and lrs == sorted(lrs, reverse=True)
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_gpu_worker_updates_the_cpu_shared_model():

@@ -33,11 +33,11 @@ TEST_TAGS = {"test/episode_reward", "test/episode_length", "test/reward_mean_100
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A 30,000-step CartPole run with TensorBoard and frequent status lines."""
+    """A 30,000-step CartPole run with TensorBoard, frequent status lines, a linear lr."""
     out = tmp_path_factory.mktemp("run")
     result = subprocess.run(
         [sys.executable, "main.py", "--env", "CartPole-v1", "--workers", "2",
-         "--max-steps", "30000", "--hidden-size", "32", "--lr", "0.001",
+         "--max-steps", "30000", "--hidden-size", "32", "--lr", "0.001", "--lr-schedule", "linear",
          "--reward-scale", "0.1", "--test-interval", "0.2", "--status-interval", "1",
          "--tensorboard-logger", "--save-model-dir", str(out), "--log-dir", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -61,6 +61,10 @@ def test_tensorboard_has_every_tag_against_increasing_frames(short_run):
         steps = [e.step for e in events.Scalars(tag)]
         assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] > steps[0], tag
     assert steps[-1] <= 30000 + 100  # x axis is frames (CartPole: one per step)
+    lrs = [(e.step, e.value) for e in events.Scalars("train/lr")]
+    for frames, lr in lrs:  # --lr-schedule linear: 0.001 at frame 0, 0 at 30,000
+        assert lr == pytest.approx(0.001 * max(0.0, 1 - frames / 30000), rel=1e-4, abs=1e-9)
+    assert lrs[0][1] > 0.0005 and lrs[-1][1] == 0.0
     assert {"lstm.weight_ih", "actor_linear.weight"} <= set(events.Tags()["histograms"])
     assert events.Tags()["graph"]
 
@@ -246,9 +250,17 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "logs" / "PongNoFrameskip-v4_eval.json").read_text())
     with Image.open(tmp_path / "demo" / "PongNoFrameskip-v4.gif") as gif:
-        # One frame per agent step of the first game (identical neighbours may be merged).
-        assert 0.8 * summary["lengths"][0] <= gif.n_frames <= summary["lengths"][0]
-        assert gif.size == (160, 210)
+        # One frame per agent step of the first game, shown 1/15 s each. Pillow merges
+        # identical neighbours (Pong's screen stands still between points) and adds up their
+        # durations, which GIF keeps in whole centiseconds: so the count may fall short of the
+        # steps, but the play time is the game's, within 10 ms per stored frame.
+        steps = summary["lengths"][0]
+        assert 0 < gif.n_frames <= steps and gif.size == (160, 210)
+        shown_ms = 0
+        for index in range(gif.n_frames):
+            gif.seek(index)
+            shown_ms += gif.info["duration"]
+        assert abs(shown_ms - steps * round(1000 / 15)) <= 10 * gif.n_frames, (shown_ms, steps)
     assert (tmp_path / "demo" / "PongNoFrameskip-v4.mp4").stat().st_size > 1000
 
 
