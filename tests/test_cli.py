@@ -49,6 +49,8 @@ from utils import UsageError
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
         (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
         (["--test-niceness", "20"], "--test-niceness must be in 0..19, got 20"),
+        (["--lr-schedule", "linear"], "falls to 0 at --max-steps, which is 0 (no limit); give"),
+        (["--lr-schedule", "cosine"], "invalid choice: 'cosine'"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
         (["--gpu-ids", "0"], "CUDA is not available"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
