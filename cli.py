@@ -212,10 +212,18 @@ def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
     parser.add_argument(*names, **kwargs)
 
 
-def build_parser(config_type: type[Config], description: str) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per field of `config_type`, errors in one line."""
+def build_parser(
+    config_type: type[Config], description: str, prog: str | None = None
+) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of `config_type`, errors in one line.
+
+    Args:
+        config_type: the config dataclass whose fields become the flags.
+        description: the ``--help`` text's first line.
+        prog: the name errors begin with (argparse's default: the running script's name).
+    """
     parser = OneLineParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     for f in fields(config_type):
         assert f.default is not MISSING, f"{f.name} needs a default"
@@ -223,8 +231,10 @@ def build_parser(config_type: type[Config], description: str) -> argparse.Argume
     return parser
 
 
-def _parse(config_type: type[Config], description: str, argv: Sequence[str] | None) -> Config:
-    namespace = build_parser(config_type, description).parse_args(argv)
+def _parse(
+    config_type: type[Config], description: str, argv: Sequence[str] | None, prog: str | None
+) -> Config:
+    namespace = build_parser(config_type, description, prog).parse_args(argv)
     values = {
         name: tuple(value) if isinstance(value, list) else value
         for name, value in vars(namespace).items()
@@ -236,13 +246,18 @@ TRAIN_DESCRIPTION = "A3G: train an A3C-LSTM agent with Hogwild workers on CPUs a
 EVAL_DESCRIPTION = "Evaluate a trained A3G model over many greedy games."
 
 
-def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
+def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None) -> TrainConfig:
     """main.py's command line, parsed and checked.
+
+    Args:
+        argv: the flags (default: ``sys.argv[1:]``).
+        prog: the name argparse's errors begin with (default: the running script's name); the
+            benchmarks pass ``main.py`` when they check flags they will hand to main.py.
 
     Raises:
         UsageError: a value that cannot work (argparse's own errors exit with code 2).
     """
-    return validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv))
+    return validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
 
 
 def parse_eval_args(argv: Sequence[str] | None = None) -> EvalConfig:
@@ -251,7 +266,7 @@ def parse_eval_args(argv: Sequence[str] | None = None) -> EvalConfig:
     Raises:
         UsageError: a value that cannot work (argparse's own errors exit with code 2).
     """
-    return validate_eval(_parse(EvalConfig, EVAL_DESCRIPTION, argv))
+    return validate_eval(_parse(EvalConfig, EVAL_DESCRIPTION, argv, None))
 
 
 def as_dict(config: CommonConfig) -> dict[str, Any]:

@@ -15,8 +15,11 @@ times the env alone (random actions, the full wrapper stack), the floor of "act+
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -30,7 +33,7 @@ from cli import parse_train_args  # noqa: E402
 from environment import env_config, make_env, read_config  # noqa: E402
 from model import build_model  # noqa: E402
 from train import PhaseClock, make_optimizer, run_worker  # noqa: E402
-from utils import ProcessContext  # noqa: E402
+from utils import ProcessContext, UsageError, check_gpus, check_precision  # noqa: E402
 
 PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report")
 """The worker loop's laps (`train.run_worker`); "loss" includes the bootstrap value."""
@@ -54,6 +57,29 @@ def mode_flags(mode: str) -> list[str]:
         else:
             raise ValueError(f"unknown part {option!r} in mode {mode!r}; use kN or bf16")
     return flags
+
+
+def main_py_refusal(flags: Sequence[str]) -> str | None:
+    """Why main.py would refuse `flags` at start-up, in its own words, or None if it would not.
+
+    The checks main.py makes before it starts anything: the command line (an unknown flag, a
+    bad value) and the hardware (a GPU id this machine lacks, ``--precision bf16`` where the
+    CPU or GPU has no bfloat16 kernels). The benchmarks check every configuration with this
+    before the first timed run, so that a typo in the last one does not surface after the
+    others have run for many minutes, and `profile`, which calls the worker loop directly, does
+    not time bf16 on a CPU that would emulate it in slow scalar code.
+    """
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            config = parse_train_args(list(flags), prog="main.py")
+        check_gpus(config.gpu_ids)
+        check_precision(config.precision, config.gpu_ids)
+    except UsageError as err:
+        return str(err)
+    except SystemExit:  # argparse's own errors: "main.py: error: <message>; see main.py --help"
+        return messages.getvalue().strip().removeprefix("main.py: error: ")
+    return None
 
 
 def env_alone(env_id: str, steps: int = 2000) -> float:
@@ -136,11 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         "--ops", type=int, default=0, help="profile the first mode's N costliest operators"
     )
     args = p.parse_args(argv)
-    try:
-        for mode in args.modes:
-            mode_flags(mode)
-    except ValueError as err:
-        p.error(str(err))
+    for mode in args.modes:
+        try:
+            refusal = main_py_refusal(["--env", args.env, *mode_flags(mode)])
+        except ValueError as err:
+            refusal = str(err)
+        if refusal is not None:
+            print(f"bench_step.py: error: mode {mode}: {refusal}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
     print(f"env alone: {env_alone(args.env):.2f} ms/step (wrappers included, random actions)")
     print(f"{'mode':16} " + " ".join(f"{ph:>9}" for ph in (*PHASES, "total")) + "  (ms/step)")

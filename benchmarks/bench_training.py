@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_step import mode_flags  # noqa: E402
+from bench_step import main_py_refusal, mode_flags  # noqa: E402
 
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
@@ -120,7 +120,11 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
     ]
     steady = [p for p in points if p[0] >= warmup]
     if len(steady) < 2:
-        raise RuntimeError(f"too few status lines after the warm-up; stderr ends:\n{stderr[-800:]}")
+        last = stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+        raise RuntimeError(
+            f"main.py gave too few status lines after the warm-up (exit code {proc.returncode}; "
+            f"its last line: {last[0]})"
+        )
     (t0, f0), (t1, f1) = steady[0], steady[-1]
     return {
         "frames_per_s": (f1 - f0) / max(t1 - t0, 1),
@@ -128,6 +132,11 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
         "peak_rss_mib": {k: round(v) for k, v in sorted(peak_rss.items())},
         "peak_gpu_mib": {k: round(v) for k, v in sorted(peak_gpu.items())},
     }
+
+
+def main_py_flags(env: str, workers: int, gpu_ids: list[int], flags: list[str]) -> list[str]:
+    """The main.py command line of one timed run (without its output folders)."""
+    return ["--env", env, "--workers", str(workers), "--gpu-ids", *map(str, gpu_ids), *flags]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,25 +157,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.seconds <= args.warmup + 2 * args.status_interval:
-        print("bench_training.py: error: --seconds must exceed --warmup by two status intervals")
+        print(
+            f"bench_training.py: error: --seconds {args.seconds:g} must exceed --warmup "
+            f"{args.warmup:g} by two --status-interval ({args.status_interval:g} s each)",
+            file=sys.stderr,
+        )
         return 2
 
-    try:
-        modes = {mode: mode_flags(mode) for mode in args.modes}
-    except ValueError as err:
-        p.error(str(err))
-    if not args.no_reference:
-        modes["reference"] = mode_flags("reference")
-    results = []
+    modes: dict[str, list[str]] = {}
+    for mode in [*args.modes, *([] if args.no_reference else ["reference"])]:
+        try:
+            modes[mode] = mode_flags(mode)
+        except ValueError as err:
+            print(f"bench_training.py: error: {err}", file=sys.stderr)
+            return 2
+        for workers in args.workers:
+            refusal = main_py_refusal(main_py_flags(args.env, workers, args.gpu_ids, modes[mode]))
+            if refusal is not None:
+                print(f"bench_training.py: error: mode {mode}: {refusal}", file=sys.stderr)
+                return 2
+    results: list[dict] = []
     for workers in args.workers:
         row: dict = {"env": args.env, "workers": workers, "gpu_ids": args.gpu_ids, "modes": {}}
+        results.append(row)
         for mode, flags in modes.items():
-            command = [
-                "--env", args.env, "--workers", str(workers), "--gpu-ids",
-                *map(str, args.gpu_ids), *flags,
-            ]  # fmt: skip
-            row["modes"][mode] = run_once(command, args.seconds, args.warmup, args.status_interval)
-            row["modes"][mode]["flags"] = " ".join(flags)
+            command = main_py_flags(args.env, workers, args.gpu_ids, flags)
+            try:
+                run = run_once(command, args.seconds, args.warmup, args.status_interval)
+            except RuntimeError as err:
+                print(f"bench_training.py: error: mode {mode}: {err}", file=sys.stderr)
+                return 1
+            row["modes"][mode] = {**run, "flags": " ".join(flags)}
+            if args.json:  # after every run: a failure later keeps what was measured
+                Path(args.json).write_text(json.dumps(results, indent=2))
         reference = row["modes"].get("reference")
         for mode, result in row["modes"].items():
             if reference is not None:
@@ -178,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"GPU {result['peak_gpu_mib'] or '-'}",
                 flush=True,
             )
-        results.append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_step import main_py_refusal  # noqa: E402
 
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
 
@@ -70,17 +73,29 @@ def summarise(log: Path, score: float, window: int) -> dict:
     }
 
 
+def main_py_flags(
+    extra: list[str], env: str, workers: int, test_niceness: int, seed: int
+) -> list[str]:
+    """The main.py flags of one configuration's run (without its output folders)."""
+    return [
+        "--env", env, "--workers", str(workers), "--seed", str(seed), "--test-interval", "0",
+        "--test-niceness", str(test_niceness), "--status-interval", "10", *extra,
+    ]  # fmt: skip
+
+
 def run_config(
     extra: list[str], env: str, workers: int, minutes: float, score: float, window: int,
     test_niceness: int, seed: int, warmup: float, keep: Path | None,
 ) -> dict:  # fmt: skip
-    """Train one configuration until it reaches the score or the time budget ends."""
+    """Train one configuration until it reaches the score or the time budget ends.
+
+    The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
+    or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
-            sys.executable, "main.py", "--env", env, "--workers", str(workers),
-            "--seed", str(seed), "--test-interval", "0", "--test-niceness", str(test_niceness),
-            "--status-interval", "10", "--save-model-dir", f"{tmp}/", "--log-dir", f"{tmp}/",
-            *extra,
+            sys.executable, "main.py", *main_py_flags(extra, env, workers, test_niceness, seed),
+            "--save-model-dir", f"{tmp}/", "--log-dir", f"{tmp}/",
         ]  # fmt: skip
         log = Path(tmp) / f"{env.replace('/', '_')}_log"
         started = time.monotonic()
@@ -102,7 +117,8 @@ def run_config(
                 result = summarise(log, score, window)
                 if result["reached"]:
                     break
-        if proc.poll() is None:
+        stopped_itself = proc.poll() is not None
+        if not stopped_itself:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=120)
         reader.join(timeout=10)
@@ -115,6 +131,8 @@ def run_config(
                 "wall_seconds": round(time.monotonic() - started),
                 "frames_per_s": steady_frames_per_s(stderr, warmup),
                 "exit_code": proc.returncode,
+                "stopped_itself": stopped_itself,
+                "last_line": (stderr.strip().splitlines() or [""])[-1],
             }
         )
         if keep is not None:
@@ -141,6 +159,11 @@ def describe(row: dict, score: float, window: int) -> str:
         what = f"did not reach {score:g} in {row['wall_seconds'] / 60:.1f} min" + (
             f" (best {window}-game mean {best:.2f})" if best is not None else ""
         )
+        if row.get("stopped_itself"):
+            what += (
+                f": main.py stopped by itself with exit code {row['exit_code']} "
+                f"({row['last_line']})"
+            )
     return f"[{row['flags'] or 'defaults'}] {what}; {fps}; {sampling}"
 
 
@@ -164,8 +187,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.minutes <= 0:
         p.error(f"--minutes must be positive, got {args.minutes}")
+    configs = args.config or [""]
+    for config in configs:
+        try:
+            flags = shlex.split(config)
+        except ValueError as err:
+            print(f"time_to_score.py: error: --config {config!r}: {err}", file=sys.stderr)
+            return 2
+        refusal = main_py_refusal(
+            main_py_flags(flags, args.env, args.workers, args.test_niceness, args.seed)
+        )
+        if refusal is not None:
+            print(f"time_to_score.py: error: --config {config!r}: {refusal}", file=sys.stderr)
+            return 2
     results = []
-    for config in args.config or [""]:
+    failed = False
+    for config in configs:
         row = run_config(
             shlex.split(config), args.env, args.workers, args.minutes, args.score, args.window,
             args.test_niceness, args.seed, args.warmup, args.keep_logs,
@@ -174,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(row, args.score, args.window), flush=True)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
-    return 0
+        failed |= bool(row["stopped_itself"] and row["exit_code"])
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

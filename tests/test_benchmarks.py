@@ -1,0 +1,120 @@
+"""The benchmarks' own checks: configurations main.py would refuse are refused before any run.
+
+The timed figures themselves are never asserted (the machines are noisy); what is tested is
+that a benchmark fails in one line, at once and with main.py's reason, instead of after the
+configurations before the bad one have run for many minutes, or with a figure that hides why.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import utils
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_step  # noqa: E402
+import bench_training  # noqa: E402
+import time_to_score  # noqa: E402
+
+
+def test_main_py_refusal_passes_flags_main_py_takes():
+    assert bench_step.main_py_refusal(["--env", "PongNoFrameskip-v4"]) is None
+    assert bench_step.main_py_refusal(bench_step.mode_flags("fast,k4")) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--envs-per-worker", "0"], ["--envs-per-worker", "0"]),
+        (["--envs-per-workr", "4"], ["unrecognized arguments: --envs-per-workr 4", "see main.py"]),
+        (["--lr-schedule", "linear"], ["--lr-schedule linear", "--max-steps"]),
+        (["--gpu-ids", "99"], ["--gpu-ids", "99"]),
+    ],
+)
+def test_main_py_refusal_gives_main_py_s_one_line_reason(flags, words):
+    refusal = bench_step.main_py_refusal(flags)
+    assert refusal is not None and "\n" not in refusal
+    for word in words:
+        assert word in refusal
+
+
+def test_main_py_refusal_refuses_bf16_where_the_cpu_lacks_it(monkeypatch):
+    monkeypatch.setattr(utils, "cpu_has_bf16", lambda: False)
+    refusal = bench_step.main_py_refusal(["--precision", "bf16"])
+    assert refusal is not None and "use --precision fp32" in refusal
+    monkeypatch.setattr(utils, "cpu_has_bf16", lambda: True)
+    assert bench_step.main_py_refusal(["--precision", "bf16"]) is None
+
+
+def test_bench_step_refuses_bf16_without_the_hardware_before_timing(monkeypatch, capsys):
+    monkeypatch.setattr(utils, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(bench_step, "profile", lambda *a, **k: pytest.fail("timed a refused mode"))
+    assert bench_step.main(["--modes", "fast", "fast,k8,bf16", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_step.py: error: mode fast,k8,bf16: --precision bf16 needs")
+    assert "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("modes", "words"),
+    [
+        (["fast", "fast,k0"], ["mode fast,k0", "--envs-per-worker must be at least 1, got 0"]),
+        (["fast", "fast,x"], ["unknown part 'x'"]),
+    ],
+)
+def test_bench_training_checks_every_mode_before_the_first_run(monkeypatch, capsys, modes, words):
+    monkeypatch.setattr(bench_training, "run_once", lambda *a: pytest.fail("ran a mode"))
+    assert bench_training.main(["--modes", *modes]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_training.py: error: ") and "\n" not in err
+    for word in words:
+        assert word in err
+
+
+def test_bench_training_keeps_what_it_measured_when_a_later_run_fails(
+    monkeypatch, capsys, tmp_path
+):
+    def run_once(command, *_):
+        if "--envs-per-worker" in command:
+            raise RuntimeError("main.py gave too few status lines after the warm-up")
+        return {"frames_per_s": 900.0, "window_s": 60, "peak_rss_mib": {}, "peak_gpu_mib": {}}
+
+    monkeypatch.setattr(bench_training, "run_once", run_once)
+    out = tmp_path / "modes.json"
+    assert bench_training.main(["--modes", "fast", "fast,k4", "--json", str(out)]) == 1
+    assert "mode fast,k4: main.py gave too few status lines" in capsys.readouterr().err
+    assert '"frames_per_s": 900.0' in out.read_text()
+
+
+def test_time_to_score_checks_every_config_before_the_first_run(monkeypatch, capsys):
+    monkeypatch.setattr(time_to_score, "run_config", lambda *a: pytest.fail("ran a config"))
+    argv = ["--config", "--envs-per-worker 4", "--config", "--envs-per-workr 8"]
+    assert time_to_score.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "time_to_score.py: error: --config '--envs-per-workr 8': unrecognized arguments: "
+        "--envs-per-workr 8; see main.py --help"
+    )
+    assert time_to_score.main(["--config", "--lr 'x"]) == 2
+    assert "No closing quotation" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_time_to_score_says_when_main_py_stopped_by_itself(tmp_path, capsys):
+    """A run main.py ends on its own is reported with its exit code and last line, not as
+    "did not reach": here a resume from a folder with nothing to resume from (exit 2)."""
+    torch.manual_seed(0)
+    argv = [
+        "--env", "CartPole-v1", "--workers", "1", "--minutes", "1", "--json",
+        str(tmp_path / "tts.json"), "--config",
+        f"--load --load-model-dir {tmp_path}/nothing/ --max-steps 1000",
+    ]  # fmt: skip
+    assert time_to_score.main(argv) == 1
+    line = capsys.readouterr().out.strip()
+    assert "main.py stopped by itself with exit code 2 (main.py: error: " in line
+    assert "\n" not in line
