@@ -7,6 +7,7 @@ configurations before the bad one have run for many minutes, or with a figure th
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -118,3 +119,23 @@ def test_time_to_score_says_when_main_py_stopped_by_itself(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     assert "main.py stopped by itself with exit code 2 (main.py: error: " in line
     assert "\n" not in line
+
+
+def test_bench_conv_layers_times_every_layer_and_the_floor(tmp_path, capsys):
+    import bench_conv_layers
+
+    out = tmp_path / "layers.json"
+    assert bench_conv_layers.main(["--batch", "2", "--repeats", "1", "--json", str(out)]) == 0
+    assert "per agent step" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [round(row["mflop_per_frame"], 1) for row in result["layers"]] == [10.2, 73.9, 21.2, 6.0]
+    assert "input grad ms" not in result["layers"][0]  # the frames need no gradient
+    assert result["floor_ms_per_step"] > 0 and result["ms_per_step"] > 0  # no timing compared
+
+
+def test_bench_conv_layers_refuses_bf16_without_the_hardware(monkeypatch, capsys):
+    import bench_conv_layers
+
+    monkeypatch.setattr(bench_conv_layers, "cpu_has_bf16", lambda: False)
+    assert bench_conv_layers.main(["--precision", "bf16"]) == 2
+    assert "use --precision fp32" in capsys.readouterr().err
