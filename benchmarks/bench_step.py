@@ -77,8 +77,9 @@ def main_py_refusal(flags: Sequence[str]) -> str | None:
         check_precision(config.precision, config.gpu_ids)
     except UsageError as err:
         return str(err)
-    except SystemExit:  # argparse's own errors: "main.py: error: <message>; see main.py --help"
-        return messages.getvalue().strip().removeprefix("main.py: error: ")
+    except SystemExit as stop:  # argparse's errors: "main.py: error: <message>; see main.py --help"
+        message = messages.getvalue().strip().removeprefix("main.py: error: ")
+        return message or f"main.py would exit (code {stop.code}) before training, e.g. for --help"
     return None
 
 
