@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,21 +28,16 @@ import torch.nn.functional as F  # noqa: N812
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_networks import time_call  # noqa: E402
+
 from fast_path import BACKWARD_CHUNK  # noqa: E402
 from model import A3Clstm  # noqa: E402
-from utils import cpu_has_bf16  # noqa: E402
+from utils import UsageError, check_precision  # noqa: E402
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall seconds of `fn` over `repeats` calls, after two untimed ones."""
-    fn()
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    """Median wall seconds of `fn` over `repeats` calls on the CPU (`bench_networks.time_call`)."""
+    return statistics.median(time_call(fn, torch.device("cpu"), repeats)) / 1e3
 
 
 def matmul_gflops(dtype: torch.dtype, repeats: int) -> float:
@@ -115,12 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got {args.batch}")
-    if args.precision == "bf16" and not cpu_has_bf16():
-        print(
-            "bench_conv_layers.py: error: --precision bf16 needs a CPU with bfloat16 kernels "
-            "(AVX512-BF16 or AMX), and this one has none; use --precision fp32",
-            file=sys.stderr,
-        )
+    try:
+        check_precision(args.precision, [-1])  # main.py's own check, on the CPU
+    except UsageError as err:
+        print(f"bench_conv_layers.py: error: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32

@@ -136,6 +136,6 @@ def test_bench_conv_layers_times_every_layer_and_the_floor(tmp_path, capsys):
 def test_bench_conv_layers_refuses_bf16_without_the_hardware(monkeypatch, capsys):
     import bench_conv_layers
 
-    monkeypatch.setattr(bench_conv_layers, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(utils, "cpu_has_bf16", lambda: False)
     assert bench_conv_layers.main(["--precision", "bf16"]) == 2
     assert "use --precision fp32" in capsys.readouterr().err
