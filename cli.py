@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from environment import check_sticky_probability
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
@@ -37,7 +38,7 @@ def flag(
         *short: the short forms (the original A3G's, e.g. ``"-l"``).
         help: the one-line explanation, shown by ``--help``.
         choices: the values allowed.
-        item: the type of a list flag's values.
+        item: the type of a list flag's values, or of an optional flag's (default None).
         negatable: a bool flag that also has ``--no-...`` (for defaults that are on).
     """
     meta = {"short": short, "help": help, "choices": choices, "item": item, "negatable": negatable}
@@ -69,6 +70,13 @@ class CommonConfig:
         False,
         negatable=True,
         help="standardise vector observations (CartPole-like envs) with running statistics",
+    )
+    repeat_action_probability: float | None = flag(
+        None,
+        item=float,
+        help="sticky actions (ALE games): the chance each raw frame repeats the previous action "
+        "instead of the agent's; 0.25 is the standard protocol (Machado et al. 2018, ALE v5, the "
+        "original's -v0 ids); default: the id's own (0 for NoFrameskip-v4, 0.25 for ALE/*-v5)",
     )
 
 
@@ -185,6 +193,11 @@ class EvalConfig(CommonConfig):
         False, "-nge", help="record every game as an MP4 video in --video-dir"
     )
     video_dir: str = flag("", help="where --new-gym-eval writes (default <log-dir>videos/)")
+    model: str = flag(
+        "",
+        help="the .dat to evaluate, any file (default <load-model-dir><env>.dat): e.g. the "
+        "PongNoFrameskip-v4 agent on ALE/Pong-v5",
+    )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     demo: bool = flag(False, help="write the first game as <demo-dir><env>.gif and .mp4")
     demo_dir: str = flag("demo/", help="where --demo writes")
@@ -205,6 +218,8 @@ def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
         kwargs["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"
     elif isinstance(f.default, tuple):
         kwargs.update(type=meta["item"], nargs="+", default=list(f.default))
+    elif f.default is None:
+        kwargs["type"] = meta["item"]  # an optional value: None until given
     else:
         kwargs["type"] = type(f.default)
     if meta["choices"] is not None:
@@ -286,6 +301,7 @@ def _validate_common(config: CommonConfig) -> None:
         ("--hidden-size", config.hidden_size),
     ):
         require_at_least(flag_name, value)
+    check_sticky_probability(config.repeat_action_probability)
 
 
 def validate_train(config: TrainConfig) -> TrainConfig:

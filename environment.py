@@ -147,6 +147,70 @@ def is_atari(env_id: str) -> bool:
     return lookup_spec(env_id).entry_point == ATARI_ENTRY_POINT
 
 
+def sticky_probability(env_id: str, requested: float | None = None) -> float:
+    """The probability that ALE repeats the previous action instead of the agent's (sticky actions).
+
+    Args:
+        env_id: a registered ALE id.
+        requested: ``--repeat-action-probability``; None keeps the id's own (0 for
+            ``*NoFrameskip-v4``, 0.25 for ``ALE/*-v5`` and the old ``-v0`` ids).
+    """
+    if requested is not None:
+        return requested
+    return float(lookup_spec(env_id).kwargs.get("repeat_action_probability", 0.25))
+
+
+def check_sticky_probability(value: float | None) -> None:
+    """Reject a ``--repeat-action-probability`` outside [0, 1] (None is "the id's own").
+
+    Raises:
+        UsageError: naming the value and the range.
+    """
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise UsageError(
+            f"--repeat-action-probability must be in [0, 1], got {value}; 0.25 is the standard "
+            "sticky-actions protocol, 0 a deterministic emulator"
+        )
+
+
+def protocol(
+    env_id: str,
+    skip_rate: int,
+    max_episode_length: int,
+    repeat_action_probability: float | None = None,
+) -> dict[str, Any]:
+    """How games are played, for every result that gives a score: the evaluation protocol.
+
+    Scores on one game differ a lot between protocols (a deterministic emulator against sticky
+    actions, one frame against the max over the skip window), so a number means something only
+    with these beside it.
+
+    Returns:
+        ``env``; ``repeat_action_probability`` (sticky actions); ``frame_skip`` (raw frames per
+        agent step: ours with ``--skip-rate`` on NoFrameskip ids, ALE's otherwise, a
+        ``[low, high]`` range for the old random-skip ids); ``max_pool_frames`` (whether the
+        observation is the max over the last frames of the window); ``noop_starts`` (most
+        random no-ops after a reset, 0 = none); ``episode_cap_steps`` (agent steps before a game
+        is cut). Outside Atari: ``env`` and ``episode_cap_steps`` only.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        return {"env": env_id, "episode_cap_steps": max_episode_length}
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    we_skip = ale_skip == 1
+    skip: int | list[int] = skip_rate if we_skip else ale_skip
+    if isinstance(skip, tuple):
+        skip = [skip[0], skip[1] - 1]  # ALE draws from [low, high)
+    return {
+        "env": env_id,
+        "repeat_action_probability": sticky_probability(env_id, repeat_action_probability),
+        "frame_skip": skip,
+        "max_pool_frames": we_skip,
+        "noop_starts": NOOP_MAX if we_skip else 0,
+        "episode_cap_steps": max_episode_length,
+    }
+
+
 def frames_per_step(env_id: str, skip_rate: int) -> int:
     """Raw emulator frames behind one agent step (1 outside Atari).
 
@@ -363,6 +427,7 @@ def atari_env(
     max_episode_length: int = 10000,
     skip_rate: int = 4,
     render_mode: str | None = None,
+    repeat_action_probability: float | None = None,
 ) -> gym.Env:
     """Build an ALE game with the original A3G wrapper stack.
 
@@ -378,9 +443,13 @@ def atari_env(
         max_episode_length: agent steps before an episode is cut.
         skip_rate: raw frames per agent step on ``NoFrameskip`` ids.
         render_mode: passed to ``gymnasium.make`` (``"rgb_array"`` to record, ``"human"``).
+        repeat_action_probability: sticky actions, passed to ALE: the chance that each raw
+            frame repeats the previous action instead of the agent's. None keeps the id's own
+            (0 for ``NoFrameskip-v4``, 0.25 for ``ALE/*-v5``).
 
     Raises:
-        UsageError: unknown or non-Atari id, a non-RGB observation id, or bad limits.
+        UsageError: unknown or non-Atari id, a non-RGB observation id, bad limits, or a
+            probability outside [0, 1].
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
@@ -395,6 +464,7 @@ def atari_env(
         )
     require_at_least("--max-episode-length", max_episode_length)
     require_at_least("--skip-rate", skip_rate)
+    check_sticky_probability(repeat_action_probability)
 
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
@@ -404,6 +474,8 @@ def atari_env(
     )
     max_frames = max_episode_length * step_frames
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
+    if repeat_action_probability is not None:
+        make_kwargs["repeat_action_probability"] = repeat_action_probability
     if max_frames > ALE_DEFAULT_MAX_FRAMES:
         # Otherwise ALE's own cap would end episodes before --max-episode-length does.
         make_kwargs["max_num_frames_per_episode"] = max_frames
@@ -472,6 +544,7 @@ def make_env(
     skip_rate: int = 4,
     vector_obs_norm: bool = False,
     render_mode: str | None = None,
+    repeat_action_probability: float | None = None,
 ) -> gym.Env:
     """Build the env for `env_id`: the Atari stack for ALE games, `vector_env` otherwise.
 
@@ -483,9 +556,22 @@ def make_env(
         vector_obs_norm: standardise vector observations (not Atari frames, which are
             always normalised).
         render_mode: passed to ``gymnasium.make``.
+        repeat_action_probability: sticky actions on ALE games (see `atari_env`); None keeps
+            the id's own.
+
+    Raises:
+        UsageError: see `atari_env` and `vector_env`; also a sticky probability for a game
+            that is not an ALE game.
     """
     if is_atari(env_id):
-        return atari_env(env_id, env_conf, max_episode_length, skip_rate, render_mode)
+        return atari_env(
+            env_id, env_conf, max_episode_length, skip_rate, render_mode, repeat_action_probability
+        )
+    if repeat_action_probability is not None:
+        raise UsageError(
+            f"--repeat-action-probability {repeat_action_probability} applies to ALE games only, "
+            f"and {env_id!r} is not one; drop the flag"
+        )
     return vector_env(env_id, max_episode_length, vector_obs_norm, render_mode)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from checkpoint import checkpoint_path, env_file_stem, load_weights
 from cli import EvalConfig, parse_eval_args
-from environment import env_config, make_env, read_config
+from environment import env_config, make_env, protocol, read_config
 from model import build_model
 from player_util import Agent
 from utils import UsageError, check_gpus, setup_logger, worker_device
@@ -125,9 +125,13 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
     )
 
 
-def training_record(log_dir: str, env_id: str) -> dict | None:
-    """What the run record beside the log says about how the model was trained, if present."""
-    path = checkpoint_path(log_dir, env_id, "_run.json")
+def training_record(log_dir: str, model_path: Path) -> dict | None:
+    """What the run record in `log_dir` says about how the model was trained, if present.
+
+    The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
+    `model_path`, whichever env the evaluation plays.
+    """
+    path = Path(log_dir) / f"{model_path.stem}_run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -138,13 +142,16 @@ def training_record(log_dir: str, env_id: str) -> dict | None:
         "seconds": finished.get("seconds"),
         "hardware": record.get("hardware"),
         "command": record.get("command"),
+        "protocol": record.get("protocol"),
         "record": str(path),
     }
 
 
 def evaluate(args: EvalConfig) -> dict:
     """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
-    model_path = checkpoint_path(args.load_model_dir, args.env)
+    model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
+    if args.model and not model_path.is_file():
+        raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     env_conf = env_config(read_config(args.env_config), args.env)
@@ -154,7 +161,7 @@ def evaluate(args: EvalConfig) -> dict:
     def build_env(render_mode: str | None) -> gym.Env:
         return make_env(
             args.env, env_conf, args.max_episode_length, args.skip_rate, args.vector_obs_norm,
-            render_mode=render_mode,
+            render_mode=render_mode, repeat_action_probability=args.repeat_action_probability,
         )  # fmt: skip
 
     render_mode = "rgb_array" if args.new_gym_eval or args.demo else None
@@ -163,7 +170,14 @@ def evaluate(args: EvalConfig) -> dict:
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)
     model.to(device).use_channels_last().eval()
-    log.info(f"evaluating {model_path} on {args.env} for {args.num_episodes} games")
+    played = protocol(
+        args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability
+    )
+    sticky = played.get("repeat_action_probability")
+    log.info(
+        f"evaluating {model_path} on {args.env} for {args.num_episodes} games"
+        + (f" (sticky actions {sticky:g})" if sticky is not None else "")
+    )
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
 
     agent = Agent(model, env, device, clip_rewards=False)
@@ -211,7 +225,8 @@ def evaluate(args: EvalConfig) -> dict:
         "lengths": lengths,
         "seed": args.seed,
         "command": " ".join(["python", *sys.argv]),
-        "training": training_record(args.log_dir, args.env),
+        "protocol": played,
+        "training": training_record(args.log_dir, model_path),
         "seconds": round(time.time() - start, 3),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

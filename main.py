@@ -138,8 +138,9 @@ def prepare(config: TrainConfig) -> Launcher:
     check_writable(config.log_dir, "--log-dir")
     env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
     env = make_env(
-        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
-    )
+        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
+        repeat_action_probability=config.repeat_action_probability,
+    )  # fmt: skip
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from checkpoint import RunPaths, TrainingState, write_json_atomic
 from cli import TrainConfig, as_dict
+from environment import protocol
 from shared_optim import scheduled_lr
 from utils import ProcessContext, format_elapsed
 
@@ -143,6 +144,12 @@ class RunMonitor:
             "config": {**as_dict(self.config), "tensorboard_dir": self.tensorboard_dir},
             "versions": versions(),
             "hardware": hardware(self.config.gpu_ids),
+            "protocol": protocol(
+                self.config.env,
+                self.config.skip_rate,
+                self.config.max_episode_length,
+                self.config.repeat_action_probability,
+            ),
             "git_commit": git_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -54,8 +54,9 @@ def run_test(
 
     torch.manual_seed(config.seed)
     env = make_env(
-        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm
-    )
+        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
+        repeat_action_probability=config.repeat_action_probability,
+    )  # fmt: skip
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     if config.fast_path:
         # The workers' acting layout: a greedy step costs about a third less, so on the CPU

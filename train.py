@@ -340,7 +340,7 @@ def run_worker(
     for env_seed in seeds:
         env = make_env(
             config.env, env_conf, config.max_episode_length, config.skip_rate,
-            config.vector_obs_norm,
+            config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
         )  # fmt: skip
         env.action_space.seed(env_seed)
         envs.append(env)

@@ -48,6 +48,7 @@ def env_kwargs(args: TrainConfig | EvalConfig) -> dict:
         "max_episode_length": args.max_episode_length,
         "skip_rate": args.skip_rate,
         "vector_obs_norm": args.vector_obs_norm,
+        "repeat_action_probability": args.repeat_action_probability,
     }
 
 
