@@ -16,6 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -288,11 +289,40 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
 # ----------------------------------------------------------------------------------------------
 
 
+def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str:
+    """A results-table cell for an evaluation protocol (`environment.protocol`'s dict).
+
+    Args:
+        protocol: the protocol, or None where a summary predates it.
+        full: every field (the evaluation column); False: sticky actions only (how the agent
+            was trained, whose other fields match the evaluation's on the same id).
+    """
+    if not protocol:
+        return "?"
+    sticky = protocol.get("repeat_action_probability")
+    parts = [] if sticky is None else [f"sticky {sticky:g}" if sticky else "deterministic"]
+    if full:
+        skip = protocol.get("frame_skip")
+        if skip is not None:
+            skip_text = f"{skip[0]}-{skip[1]}" if isinstance(skip, list) else str(skip)
+            pooled = " max-pooled" if protocol.get("max_pool_frames") else ""
+            parts.append(f"skip {skip_text}{pooled}")
+        if protocol.get("noop_starts"):
+            parts.append(f"1-{protocol['noop_starts']} no-op starts")
+        parts.append(f"cap {protocol['episode_cap_steps']:,} steps")
+    return ", ".join(parts) or "?"
+
+
 def results_table(paths: list[str | Path]) -> str:
-    """A markdown table from `gym_eval.py` JSON summaries, one row per file."""
+    """A markdown table from `gym_eval.py` JSON summaries, one row per file.
+
+    Each row says under which protocol the games were played (sticky actions, frame skip,
+    no-op starts, episode cap) and under which sticky-action setting the agent was trained.
+    """
     rows = [
-        "| game | frames trained | wall time | hardware | mean ± std | best | games | command |",
-        "|---|---|---|---|---|---|---|---|",
+        "| game | evaluated under | trained under | frames trained | wall time | hardware "
+        "| mean ± std | best | games | command |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in paths:
         try:
@@ -303,9 +333,11 @@ def results_table(paths: list[str | Path]) -> str:
         frames = training.get("frames")
         seconds = training.get("seconds")
         rows.append(
-            "| {env} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} | {best:g} | {games} "
-            "| `{cmd}` |".format(
+            "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
+            "| {best:g} | {games} | `{cmd}` |".format(
                 env=summary["env"],
+                played=describe_protocol(summary.get("protocol")),
+                trained=describe_protocol(training.get("protocol"), full=False),
                 frames=f"{frames:,}" if frames is not None else "?",
                 wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
                 hw=training.get("hardware", "?"),

@@ -52,6 +52,12 @@ from utils import UsageError
         (["--lr-schedule", "linear"], "falls to 0 at --max-steps, which is 0 (no limit); give"),
         (["--lr-schedule", "cosine"], "invalid choice: 'cosine'"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
+        (["--repeat-action-probability", "1.5"], "--repeat-action-probability must be in [0, 1]"),
+        (["--repeat-action-probability", "nan"], "--repeat-action-probability must be in [0, 1]"),
+        (
+            ["--env", "CartPole-v1", "--repeat-action-probability", "0"],
+            "applies to ALE games only",
+        ),
         (["--gpu-ids", "0"], "CUDA is not available"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
         (["--load", "--load-model-dir", "/nonexistent"], "checkpoint '/nonexistent/"),
@@ -152,11 +158,15 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
         "--max-steps", "2000",
         "--test-interval", "0",
         "--tensorboard-logger",
+        "--repeat-action-probability", "0.25",
         *folders(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "--max-steps 2000 reached" in result.stderr
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["protocol"]["repeat_action_probability"] == 0.25
+    assert record["config"]["repeat_action_probability"] == 0.25
 
     log = (tmp_path / "logs" / f"{PONG}_log").read_text()
     assert "workers: 2" in log and "max_steps: 2000" in log  # every argument logged
@@ -180,6 +190,8 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 2 and len(summary["rewards"]) == 2
     assert summary["best"] == max(summary["rewards"])
+    assert summary["protocol"]["repeat_action_probability"] == 0.0  # the id's own
+    assert summary["training"]["protocol"]["repeat_action_probability"] == 0.25
 
     # --load continues from that file; a file for another hidden size is refused.
     result = run_cli(
@@ -214,6 +226,29 @@ def test_gym_eval_records_videos(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     videos = list((tmp_path / "logs" / "videos").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
+    # The shipped agent, under another name, on sticky actions of probability 1: ALE repeats
+    # the reset's NOOP forever, so the paddle never moves and every point is lost.
+    model = tmp_path / "pong_agent.dat"
+    model.write_bytes((ROOT / "trained_models" / f"{PONG}.dat").read_bytes())
+    result = run_cli(
+        "gym_eval.py", "--env", PONG, "--model", str(model), "--num-episodes", "1",
+        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"evaluating {model} on {PONG} for 1 games (sticky actions 1)" in result.stderr
+    summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
+    assert summary["model"] == str(model) and summary["rewards"] == [-21.0]
+    assert summary["protocol"]["repeat_action_probability"] == 1.0
+    missing = run_cli("gym_eval.py", "--model", str(tmp_path / "nope.dat"), timeout=60)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"gym_eval.py: error: --model {str(tmp_path / 'nope.dat')!r} not found; give the path "
+        "of a .dat file"
+    )
 
 
 def test_gym_eval_render_without_display_says_so(tmp_path):

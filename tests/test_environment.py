@@ -20,6 +20,7 @@ from environment import (
     find_normalizer,
     make_env,
     process_frame,
+    protocol,
     read_config,
     register_games,
     vector_env,
@@ -307,6 +308,73 @@ def test_long_limits_lift_ales_own_frame_cap(config):
     assert ale(env).getInt("max_num_frames_per_episode") == 160_000
     env = make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
     assert ale(env).getInt("max_num_frames_per_episode") == 108_000
+
+
+# -- sticky actions and the protocol ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env_id", "requested", "in_ale"),
+    [
+        ("PongNoFrameskip-v4", None, 0.0),
+        ("PongNoFrameskip-v4", 0.25, 0.25),
+        ("BreakoutNoFrameskip-v4", 0.25, 0.25),
+        ("ALE/Pong-v5", None, 0.25),
+        ("ALE/Pong-v5", 0.0, 0.0),
+    ],
+)
+def test_repeat_action_probability_reaches_ale(config, env_id, requested, in_ale):
+    env = make_env(env_id, env_config(config, env_id), repeat_action_probability=requested)
+    assert ale(env).getFloat("repeat_action_probability") == pytest.approx(in_ale)
+    assert protocol(env_id, 4, 10000, requested)["repeat_action_probability"] == in_ale
+
+
+def test_sticky_actions_repeat_the_previous_action(config):
+    # With probability 1 ALE never takes the agent's action (it repeats the reset's NOOP), so
+    # the screens do not depend on the actions; with 0 they do.
+    def screens(env_id, p, actions):
+        env = make_env(env_id, env_config(config, env_id), repeat_action_probability=p)
+        obs, _ = env.reset(seed=3)
+        frames = [obs]
+        for action in actions:
+            frames.append(env.step(action)[0])
+        return np.stack(frames)
+
+    ups, downs = [2] * 40, [3] * 40
+    assert np.array_equal(
+        screens("PongNoFrameskip-v4", 1.0, ups), screens("PongNoFrameskip-v4", 1.0, downs)
+    )
+    assert not np.array_equal(
+        screens("PongNoFrameskip-v4", 0.0, ups), screens("PongNoFrameskip-v4", 0.0, downs)
+    )
+
+
+def test_protocol_says_how_games_are_played():
+    assert protocol("PongNoFrameskip-v4", 4, 10000) == {
+        "env": "PongNoFrameskip-v4",
+        "repeat_action_probability": 0.0,
+        "frame_skip": 4,
+        "max_pool_frames": True,
+        "noop_starts": 30,
+        "episode_cap_steps": 10000,
+    }
+    v5 = protocol("ALE/Pong-v5", 3, 500)
+    assert v5["frame_skip"] == 4 and v5["max_pool_frames"] is False and v5["noop_starts"] == 0
+    assert v5["repeat_action_probability"] == 0.25 and v5["episode_cap_steps"] == 500
+    assert protocol("Pong-v0", 4, 10000)["frame_skip"] == [2, 4]  # ALE draws 2..4
+    assert protocol("CartPole-v1", 4, 200) == {"env": "CartPole-v1", "episode_cap_steps": 200}
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
+def test_bad_repeat_action_probability_is_rejected(config, bad):
+    with pytest.raises(UsageError, match="--repeat-action-probability must be in \\[0, 1\\], got"):
+        make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"),
+                 repeat_action_probability=bad)  # fmt: skip
+
+
+def test_repeat_action_probability_outside_atari_is_refused(config):
+    with pytest.raises(UsageError, match="applies to ALE games only, and 'CartPole-v1' is not"):
+        make_env("CartPole-v1", env_config(config, "CartPole-v1"), repeat_action_probability=0.1)
 
 
 # -- vector envs -------------------------------------------------------------------------------

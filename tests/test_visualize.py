@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from environment import protocol
 from tests.conftest import ROOT
 from visualize import (
     TestGame,
     describe_milestone,
+    describe_protocol,
     first_reaching,
     moving_average,
     parse_log,
@@ -273,11 +275,22 @@ def test_results_table_from_eval_summaries(tmp_path):
     path = tmp_path / "CartPole-v1_eval.json"
     path.write_text(json.dumps(summary))
     table = results_table([path]).splitlines()
-    assert table[0].startswith("| game | frames trained | wall time | hardware |")
+    assert table[0].startswith("| game | evaluated under | trained under | frames trained |")
     assert table[2] == (
-        "| CartPole-v1 | 250,000 | 1.4 min | 2 CPU cores | 500.00 ± 0.00 | 500 | 100 "
+        "| CartPole-v1 | ? | ? | 250,000 | 1.4 min | 2 CPU cores | 500.00 ± 0.00 | 500 | 100 "
         "| `python main.py --env CartPole-v1` |"
     )
+    summary["protocol"] = protocol("PongNoFrameskip-v4", 4, 10000, 0.25)
+    summary["training"]["protocol"] = protocol("PongNoFrameskip-v4", 4, 10000)
+    path.write_text(json.dumps(summary))
+    cells = results_table([path]).splitlines()[2].split(" | ")
+    assert cells[1:3] == [
+        "sticky 0.25, skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps",
+        "deterministic",
+    ]
+    v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
+    assert v5 == "sticky 0.25, skip 4, cap 27,000 steps"
+    assert describe_protocol(protocol("Pong-v0", 4, 100)) == "sticky 0.25, skip 2-4, cap 100 steps"
 
 
 def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
