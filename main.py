@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from train import make_optimizer, train
 from utils import (
     FATAL_EXIT,
     ProcessContext,
+    ReportChannels,
     UsageError,
     check_gpus,
     check_precision,
@@ -250,7 +250,9 @@ class Launcher:
             steps=0 if resumed is None else resumed.steps,
             elapsed=0.0 if resumed is None else resumed.elapsed,
             skipped=0 if resumed is None else resumed.skipped_updates,
+            slots=config.workers,
         )
+        self.channels = ReportChannels(self.mp)
         self.children = [Child(None), *(Child(rank) for rank in range(config.workers))]
         self.processes: dict[Child, mp.process.BaseProcess] = {}
         self.deaths: dict[Child, list[float]] = {}
@@ -270,9 +272,17 @@ class Launcher:
         if resumed is not None:
             self.monitor.restore(resumed)
 
+    def drain_reports(self, child: Child | None = None) -> None:
+        """Take the reports that have arrived (all, or `child`'s): errors kept, others monitored."""
+        for sender, kind, payload in self.channels.receive(child):
+            if kind == "error":
+                self.pending_causes[sender.title] = (payload["cause"], payload["traceback"])
+            else:
+                self.monitor.take(kind, payload)
+
     def training_state(self) -> TrainingState:
         """The run as it stands, for the state file."""
-        self.monitor.drain()
+        self.drain_reports()
         return TrainingState(
             model=cpu_state_dict(self.shared_model),
             optimizer=None if self.optimizer is None else self.optimizer.state_dict(),
@@ -298,16 +308,16 @@ class Launcher:
                 "the previous file is kept"
             )
 
-    def process_target(self, child: Child) -> tuple[Any, tuple]:
+    def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
         """The entry point and arguments of `child`, with the latest normaliser statistics."""
         monitor = self.monitor
         if child.is_test:
             return test, (
                 self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
-                self.ctx, list(monitor.rewards), monitor.test_normalizer,
+                ctx, list(monitor.rewards), monitor.test_normalizer,
             )  # fmt: skip
         return train, (
-            child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, self.ctx,
+            child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,
             monitor.worker_normalizers.get(child.rank),
         )  # fmt: skip
 
@@ -315,7 +325,7 @@ class Launcher:
         self._signals += 1
         if self._signals == 1:
             self.stop_reason = f"{signal.Signals(signum).name} received"
-            self.ctx.stop_event.set()
+            self.ctx.request_stop()
 
     def start(self) -> None:
         """Start the test process and the workers."""
@@ -329,9 +339,11 @@ class Launcher:
             signal.signal(signal.SIGINT, previous)
 
     def _start(self, child: Child) -> None:
-        target, args = self.process_target(child)
+        ctx = self.channels.open(child, self.ctx, -1 if child.rank is None else child.rank)
+        target, args = self.process_target(child, ctx)
         proc = self.mp.Process(target=target, args=args, name=child.title, daemon=False)
         proc.start()
+        self.channels.started(ctx)
         self.processes[child] = proc
 
     def supervise(self) -> None:
@@ -342,7 +354,7 @@ class Launcher:
         `RESTART_LIMIT` times within `RESTART_WINDOW` seconds, or fails with an error no
         restart can fix (exit code `FATAL_EXIT`), stops the run.
         """
-        while not self.ctx.stop_event.is_set():
+        while not self.ctx.stopping():
             for child, proc in list(self.processes.items()):
                 if proc.exitcode not in (None, 0) and not self._handle_death(child, proc):
                     return
@@ -359,20 +371,13 @@ class Launcher:
             if self.config.state_interval > 0 and time.monotonic() >= self.next_state_save:
                 self.save_state()
                 self.next_state_save = time.monotonic() + self.config.state_interval
+            self.drain_reports()
             self.monitor.tick()
             time.sleep(self.POLL_SECONDS)
 
-    def _collect_errors(self) -> None:
-        while True:
-            try:
-                title, cause, trace = self.ctx.errors.get(timeout=0.5)
-            except queue.Empty:
-                return
-            self.pending_causes[title] = (cause, trace)
-
     def _handle_death(self, child: Child, proc: mp.process.BaseProcess) -> bool:
         """Report a dead child and restart it; False when the run must stop instead."""
-        self._collect_errors()
+        self.drain_reports(child)  # to the end of its pipe: its error report, its last numbers
         code = proc.exitcode
         how = (
             f"killed by {signal.Signals(-code).name}"
@@ -401,16 +406,22 @@ class Launcher:
             )
             return False
         self.log.warning(f"{what}; restarting it with the latest weights")
-        self.monitor.drain()  # its latest normaliser statistics, for the new process
         self._start(child)
         return True
 
     def shutdown(self) -> None:
-        """Stop every child, then save the latest weights and the training state."""
-        self.ctx.stop_event.set()
+        """Stop every child, then save the latest weights and the training state.
+
+        The children's last reports are read while they are waited for: a child blocked on
+        a full pipe would otherwise never exit.
+        """
+        self.ctx.request_stop()
         deadline = time.monotonic() + self.JOIN_SECONDS
-        for proc in self.processes.values():
-            proc.join(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            self.drain_reports()
+            if not any(proc.is_alive() for proc in self.processes.values()):
+                break
+            time.sleep(0.05)
         for child, proc in self.processes.items():
             if proc.is_alive():
                 self.log.warning(
@@ -421,7 +432,7 @@ class Launcher:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        self._collect_errors()
+        self.drain_reports()
         for title, (cause, _) in self.pending_causes.items():
             self.log.error(f"{title} also failed: {cause}")
         try:

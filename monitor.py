@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import queue
 import sys
 import time
 from collections.abc import Sequence
@@ -78,8 +77,9 @@ def git_commit() -> str | None:
 class RunMonitor:
     """The launcher's view of a run: TensorBoard, the terminal status line, the run record.
 
-    Workers and the test process send small summaries through `ProcessContext.reports`;
-    this one place averages them and writes, so no worker ever waits on a disk.
+    Workers and the test process send small summaries through their report pipes; the
+    launcher hands each to `take`, and this one place averages them and writes, so no worker
+    ever waits on a disk.
     """
 
     def __init__(
@@ -166,20 +166,15 @@ class RunMonitor:
         """Raw frames played by all workers so far."""
         return self.ctx.total_steps() * self.frames_per_step
 
-    def drain(self) -> None:
-        """Take every pending report from the children."""
-        while True:
-            try:
-                kind, payload = self.ctx.reports.get_nowait()
-            except queue.Empty:
-                return
-            normalizer = payload.pop("normalizer", None)
-            if kind == "test":
-                self.test_normalizer = normalizer
-                self._test_game(payload)
-            elif kind == "train":
-                self.worker_normalizers[int(payload["rank"])] = normalizer
-                self.train_window.append(payload)
+    def take(self, kind: str, payload: dict[str, Any]) -> None:
+        """One report from a child: ``"test"`` (a test game) or ``"train"`` (a worker's numbers)."""
+        normalizer = payload.pop("normalizer", None)
+        if kind == "test":
+            self.test_normalizer = normalizer
+            self._test_game(payload)
+        elif kind == "train":
+            self.worker_normalizers[int(payload["rank"])] = normalizer
+            self.train_window.append(payload)
 
     def restore(self, state: TrainingState) -> None:
         """Continue from a resumed run's test rewards and normaliser statistics."""
@@ -205,7 +200,6 @@ class RunMonitor:
 
     def tick(self, force: bool = False) -> None:
         """Every ``--status-interval`` seconds: training scalars, histograms, a status line."""
-        self.drain()
         now = time.time()
         if not force and now - self.last_tick < self.interval:
             return

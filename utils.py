@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
+import pickle
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -85,31 +88,47 @@ def require_at_least(flag: str, value: int, minimum: int = 1) -> None:
 
 @dataclass
 class ProcessContext:
-    """What the launcher shares with every child: stop signal, counters, report channels.
+    """What the launcher shares with every child: the stop flag, counters, a report pipe.
+
+    Nothing in it takes a lock. A process SIGKILLed (an OOM kill, a user's ``kill -9``) while
+    holding a lock shared with the others leaves it held for good: every other process, the
+    launcher too, would then block on it and the run would hang. So the stop request is a
+    shared flag children poll, each counter has one slot per worker that only its owner
+    writes (readers sum the slots), and each child reports through a pipe of its own, which
+    a killed child can break only for itself.
 
     Attributes:
-        stop_event: set by the launcher when the run must end.
-        steps: total agent steps of all workers (a shared ``multiprocessing.Value``); a
-            resumed run starts it from the saved count.
-        skipped: updates skipped for a NaN or inf loss or gradient, all workers together.
-        errors: children put ``(title, one-line cause, traceback)`` here before dying.
-        reports: children put ``(kind, payload)`` summaries here for the launcher's monitor:
-            ``("train", dict)`` from workers every few seconds, ``("test", dict)`` per game.
-        max_steps: stop once `steps` reaches it (0 = no limit).
+        stop_flag: a shared byte the launcher sets to 1 when the run must end.
+        steps: agent steps, one shared slot per worker rank; their sum plus `base_steps` is
+            the run's total.
+        skipped: updates skipped for a NaN or inf loss or gradient, one slot per rank.
+        base_steps: steps of the run before this launcher started (a resumed run).
+        base_skipped: skipped updates before this launcher started.
+        max_steps: stop once the total steps reach it (0 = no limit).
         start_time: when the run started (``time.time()``), earlier by the saved training
             time in a resumed run, for elapsed time and frames/s.
         parent_pid: the launcher's pid; a child whose parent changes was orphaned (the
             launcher was killed) and stops by itself.
+        slot: the counter slot this process writes (a worker's rank); -1 for a process that
+            counts nothing (the test process).
+        reports: this child's end of its report pipe to the launcher (`ReportChannels`);
+            None where no launcher listens (a worker loop run in-process by a test or a
+            benchmark), and then reports are dropped.
     """
 
-    stop_event: Any
+    stop_flag: Any
     steps: Any
     skipped: Any
-    errors: Any
-    reports: Any
+    base_steps: int = 0
+    base_skipped: int = 0
     max_steps: int = 0
     start_time: float = 0.0
     parent_pid: int = 0
+    slot: int = 0
+    reports: Any = None
+
+    POLL_SECONDS = 0.1
+    """How often `wait` looks at the stop flag."""
 
     @classmethod
     def create(
@@ -119,8 +138,12 @@ class ProcessContext:
         steps: int = 0,
         elapsed: float = 0.0,
         skipped: int = 0,
+        slots: int = 1,
     ) -> ProcessContext:
         """Make the shared objects from a multiprocessing context; the clock starts now.
+
+        The context returned counts in slot 0 and reports nowhere: what a worker loop run
+        in-process needs. The launcher gives each child its own with `for_child`.
 
         Args:
             mp_context: the multiprocessing context the children are started with.
@@ -128,43 +151,61 @@ class ProcessContext:
             steps: steps already taken (a resumed run).
             elapsed: seconds already trained (a resumed run).
             skipped: non-finite updates already skipped (a resumed run).
+            slots: counter slots, one per worker rank (``--workers``).
         """
+        require_at_least("slots", slots)
         return cls(
-            mp_context.Event(),
-            mp_context.Value("q", steps),
-            mp_context.Value("q", skipped),
-            mp_context.Queue(),
-            mp_context.Queue(),
-            max_steps,
-            time.time() - elapsed,
-            os.getpid(),
+            stop_flag=mp_context.RawValue("b", 0),
+            steps=mp_context.RawArray("q", slots),
+            skipped=mp_context.RawArray("q", slots),
+            base_steps=steps,
+            base_skipped=skipped,
+            max_steps=max_steps,
+            start_time=time.time() - elapsed,
+            parent_pid=os.getpid(),
         )
 
+    def for_child(self, slot: int, reports: Any) -> ProcessContext:
+        """The context a child gets: its counter slot (-1: none) and its end of a report pipe."""
+        if not -1 <= slot < len(self.steps):
+            raise ValueError(f"expected slot in -1..{len(self.steps) - 1}, got {slot}")
+        return dataclasses.replace(self, slot=slot, reports=reports)
+
     def report(self, kind: str, payload: dict[str, Any]) -> None:
-        """Send a summary to the launcher (never blocks: the queue is unbounded)."""
-        self.reports.put((kind, payload))
+        """Send a summary to the launcher (dropped where none listens, or it is gone)."""
+        if self.reports is None:
+            return
+        with contextlib.suppress(OSError):  # the launcher is gone: stopping() says so next
+            self.reports.send((kind, payload))
 
     def total_steps(self) -> int:
-        """Agent steps taken by all workers so far."""
-        return int(self.steps.value)
+        """Agent steps taken by all workers so far (a sum of slots: no lock)."""
+        return self.base_steps + sum(self.steps)
+
+    def _own_slot(self) -> int:
+        if self.slot < 0:
+            raise RuntimeError("this process has no counter slot (the test process counts none)")
+        return self.slot
 
     def add_steps(self, n: int) -> None:
-        """Count `n` more agent steps (once per rollout, so the lock is cheap)."""
-        with self.steps.get_lock():
-            self.steps.value += n
+        """Count `n` more agent steps in this process's own slot."""
+        self.steps[self._own_slot()] += n
 
     def count_skipped(self) -> None:
         """Count one update skipped for a non-finite loss or gradient."""
-        with self.skipped.get_lock():
-            self.skipped.value += 1
+        self.skipped[self._own_slot()] += 1
 
     def total_skipped(self) -> int:
         """Updates skipped by all workers so far."""
-        return int(self.skipped.value)
+        return self.base_skipped + sum(self.skipped)
 
     def budget_reached(self) -> bool:
         """``--max-steps`` is set and reached."""
         return self.max_steps > 0 and self.total_steps() >= self.max_steps
+
+    def request_stop(self) -> None:
+        """Ask every process of the run to stop (the launcher's shutdown)."""
+        self.stop_flag.value = 1
 
     def orphaned(self) -> bool:
         """The launcher is gone (killed without its shutdown): this child must end too."""
@@ -172,7 +213,7 @@ class ProcessContext:
 
     def stopping(self) -> bool:
         """The launcher asked to stop, or it is gone."""
-        return self.stop_event.is_set() or self.orphaned()
+        return bool(self.stop_flag.value) or self.orphaned()
 
     def should_stop(self) -> bool:
         """`stopping`, or the step budget is spent (what a worker checks)."""
@@ -185,8 +226,74 @@ class ProcessContext:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.stop_event.wait(min(left, 1.0))
+            time.sleep(min(left, self.POLL_SECONDS))
         return True
+
+
+class ReportChannels:
+    """The launcher's ends of the children's report pipes: one pipe per child.
+
+    A pipe shared by every child (a ``multiprocessing.Queue``) has one writer lock: a child
+    killed while its feeder thread holds it silences every other child for the rest of the
+    run. With a pipe each, a child killed mid-message breaks only its own pipe; its reader
+    sees the end of the pipe (the launcher keeps no copy of the child's end), and the child's
+    replacement gets a new pipe.
+    """
+
+    def __init__(self, mp_context: Any):
+        """No pipe yet; `open` makes one per child start."""
+        self.mp = mp_context
+        self.readers: dict[Any, Any] = {}
+
+    def open(self, key: Any, ctx: ProcessContext, slot: int) -> ProcessContext:
+        """A new pipe for the child `key` (replacing a dead one's); returns the child's context.
+
+        Call `started` with that context once the child has started.
+        """
+        self.close(key)
+        reader, writer = self.mp.Pipe(duplex=False)
+        self.readers[key] = reader
+        return ctx.for_child(slot, writer)
+
+    @staticmethod
+    def started(child_ctx: ProcessContext) -> None:
+        """Close the launcher's copy of the child's end: the child now holds the only one.
+
+        Then the reader sees the end of the pipe when the child dies, even mid-message.
+        """
+        child_ctx.reports.close()
+
+    def receive(self, key: Any | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
+        """Every report that has arrived, as ``(key, kind, payload)``; never waits for more.
+
+        A pipe whose child has died is read to its end and closed.
+
+        Args:
+            key: read only this child's pipe (default: every child's).
+        """
+        if key is None:
+            readers = self.readers
+        else:
+            readers = {key: self.readers[key]} if key in self.readers else {}
+        received = []
+        ready = mp_connection.wait(list(readers.values()), timeout=0)
+        for child, reader in list(readers.items()):
+            if reader not in ready:
+                continue
+            try:
+                while reader.poll():
+                    kind, payload = reader.recv()
+                    received.append((child, kind, payload))
+            except (EOFError, OSError, pickle.UnpicklingError):
+                # The child is gone; a message cut off by its death is dropped with it.
+                self.close(child)
+        return received
+
+    def close(self, key: Any) -> None:
+        """Forget the pipe of child `key` (nothing if it has none)."""
+        reader = self.readers.pop(key, None)
+        if reader is not None:
+            reader.close()
 
 
 @contextlib.contextmanager
@@ -196,8 +303,9 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
     One thread per process (with several processes per core, more threads only fight),
     SIGINT ignored (the launcher drives shutdown, so Ctrl-C prints no tracebacks from
     children), the process title set. An exception is sent to the launcher as one line plus
-    its traceback, and the process exits with code 1 (the launcher restarts it), or
-    `FATAL_EXIT` for a `FatalRunError` or `UsageError` (the launcher stops the run).
+    its traceback (an ``"error"`` report), and the process exits with code 1 (the launcher
+    restarts it), or `FATAL_EXIT` for a `FatalRunError` or `UsageError` (the launcher stops
+    the run).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -210,9 +318,8 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
     try:
         yield
     except Exception as err:  # reported, then the process exits non-zero
-        ctx.errors.put((title, f"{type(err).__name__}: {err}", traceback.format_exc()))
-        ctx.errors.close()
-        ctx.errors.join_thread()
+        cause = f"{type(err).__name__}: {err}"
+        ctx.report("error", {"title": title, "cause": cause, "traceback": traceback.format_exc()})
         sys.exit(FATAL_EXIT if isinstance(err, FatalRunError | UsageError) else 1)
 
 

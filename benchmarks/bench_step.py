@@ -134,7 +134,7 @@ def profile(
                 profiler.start()
             timed_from = (time.perf_counter(), ctx.total_steps())
         elif timed_from is not None and time.perf_counter() - timed_from[0] >= seconds:
-            ctx.stop_event.set()
+            ctx.request_stop()
 
     run_worker(0, config, env_conf, shared, optimizer, ctx, on_update=on_update, clock=clock)
     assert timed_from is not None

@@ -41,7 +41,7 @@ from tests.conftest import (
     run_cli,
     wait_group_gone,
 )
-from utils import FatalRunError, ProcessContext
+from utils import FatalRunError, ProcessContext, child_process
 from visualize import parse_log
 
 CONFIG = str(ROOT / "config.json")
@@ -180,9 +180,9 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
                 assert torch.equal(restored[index][name], value), (index, name)
         assert launcher.monitor.rewards == saved["test_rewards"]
         assert launcher.tensorboard_dir == saved["tensorboard_dir"]
-        _, worker_args = launcher.process_target(Child(0))
+        _, worker_args = launcher.process_target(Child(0), launcher.ctx)
         assert worker_args[-1] == saved["normalizers"]["0"]
-        _, test_args = launcher.process_target(Child(None))
+        _, test_args = launcher.process_target(Child(None), launcher.ctx)
         rewards, normalizer = test_args[-2:]
         assert len(rewards) == saved["test"]["games"]
         assert normalizer == saved["normalizers"]["test"]
@@ -370,25 +370,36 @@ def _exit_with(code: int) -> None:
     sys.exit(code)
 
 
-@pytest.mark.parametrize(("code", "restarted"), [(1, True), (3, False)])
-def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(tmp_path, code, restarted):
-    """Exit code 1 (a crash) is restarted; FATAL_EXIT (bad config, NaN that keeps coming) is not."""
-    from utils import FATAL_EXIT
+def _fail_with(kind: str, ctx: ProcessContext) -> None:
+    with child_process("Train Agent: 0", ctx):
+        if kind == "fatal":
+            raise FatalRunError("NaN keeps coming")
+        raise RuntimeError("the env crashed")
 
-    assert FATAL_EXIT == 3
+
+@pytest.mark.parametrize(("kind", "restarted"), [("crash", True), ("fatal", False)])
+def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(
+    tmp_path, caplog, kind, restarted
+):
+    """A crash is restarted; a FatalRunError (bad config, NaN that keeps coming) stops the run."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
-    dead = launcher.mp.Process(target=_exit_with, args=(code,))
+    child_ctx = launcher.channels.open(Child(0), launcher.ctx, 0)
+    dead = launcher.mp.Process(target=_fail_with, args=(kind, child_ctx))
     dead.start()
+    launcher.channels.started(child_ctx)
     dead.join()
     # What a restart would run: a child that exits at once, instead of a real worker.
-    launcher.process_target = lambda child: (_exit_with, (0,))
-    assert launcher._handle_death(Child(0), dead) is restarted
+    launcher.process_target = lambda child, ctx: (_exit_with, (0,))
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        assert launcher._handle_death(Child(0), dead) is restarted
     assert launcher.failed is not restarted
     if restarted:
+        assert "exit code 1; RuntimeError: the env crashed; restarting it" in caplog.text
         launcher.processes[Child(0)].join(30)
         assert launcher.processes[Child(0)].exitcode == 0
     else:
-        assert f"exit code {FATAL_EXIT}" in launcher.stop_reason
+        assert launcher.stop_reason.endswith("exit code 3; FatalRunError: NaN keeps coming")
+        assert Child(0) not in launcher.processes
     if launcher.monitor.writer is not None:
         launcher.monitor.writer.close()
 

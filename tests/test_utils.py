@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
+import time
 
+import pytest
 import torch.multiprocessing as mp
 
-from utils import ProcessContext, child_process, setup_logger
+from utils import ProcessContext, ReportChannels, child_process, setup_logger
 
 # -- logging -----------------------------------------------------------------------------------
 
@@ -39,16 +43,29 @@ def _failing_child(ctx: ProcessContext) -> None:
         raise RuntimeError("disk on fire")
 
 
+def receive_until(channels: ReportChannels, done, seconds: float = 60) -> list:
+    received = []
+    deadline = time.monotonic() + seconds
+    while not done(received) and time.monotonic() < deadline:
+        received += channels.receive()
+        time.sleep(0.02)
+    return received
+
+
 def test_child_failure_reaches_the_launcher_as_one_line_and_exit_1():
     spawn = mp.get_context("spawn")
-    ctx = ProcessContext.create(spawn)
-    proc = spawn.Process(target=_failing_child, args=(ctx,))
+    channels = ReportChannels(spawn)
+    child_ctx = channels.open("worker 7", ProcessContext.create(spawn, slots=8), slot=7)
+    proc = spawn.Process(target=_failing_child, args=(child_ctx,))
     proc.start()
-    title, cause, trace = ctx.errors.get(timeout=60)
-    proc.join(30)
+    channels.started(child_ctx)
+    proc.join(60)
     assert proc.exitcode == 1
-    assert title == "Train Agent: 7" and cause == "RuntimeError: disk on fire"
-    assert "Traceback" in trace and "_failing_child" in trace
+    [(key, kind, error)] = receive_until(channels, bool)
+    assert key == "worker 7" and kind == "error"
+    assert error["title"] == "Train Agent: 7" and error["cause"] == "RuntimeError: disk on fire"
+    assert "Traceback" in error["traceback"] and "_failing_child" in error["traceback"]
+    assert channels.receive() == [] and "worker 7" not in channels.readers  # read to its end
 
 
 def test_step_counter_and_budget():
@@ -61,5 +78,111 @@ def test_step_counter_and_budget():
     unlimited = ProcessContext.create(mp.get_context("spawn"))
     unlimited.add_steps(10**9)
     assert not unlimited.should_stop()
-    unlimited.stop_event.set()
-    assert unlimited.should_stop()
+    unlimited.request_stop()
+    assert unlimited.should_stop() and unlimited.wait(60)
+
+
+def test_counters_sum_every_slot_and_a_resumed_base():
+    ctx = ProcessContext.create(mp.get_context("spawn"), steps=1000, skipped=2, slots=3)
+    workers = [ctx.for_child(rank, None) for rank in range(3)]
+    for rank, worker in enumerate(workers):
+        worker.add_steps(10 * (rank + 1))
+    workers[2].count_skipped()
+    assert ctx.total_steps() == 1060 and workers[0].total_steps() == 1060
+    assert ctx.total_skipped() == 3
+    tester = ctx.for_child(-1, None)
+    with pytest.raises(RuntimeError, match="no counter slot"):
+        tester.add_steps(1)
+    with pytest.raises(ValueError, match="expected slot in -1..2, got 3"):
+        ctx.for_child(3, None)
+
+
+def _count_forever(ctx: ProcessContext) -> None:
+    while True:
+        ctx.add_steps(1)
+        ctx.count_skipped()
+        ctx.stopping()
+
+
+def _count_until_stopped(ctx: ProcessContext) -> None:
+    while not ctx.should_stop():
+        ctx.add_steps(1)
+        ctx.count_skipped()
+
+
+def test_a_worker_sigkilled_while_counting_leaves_the_run_able_to_stop():
+    # With a locked counter, a SIGKILL that lands while the lock is held leaves it held:
+    # every later add or read (the launcher's included) blocks for good.
+    spawn = mp.get_context("spawn")
+    ctx = ProcessContext.create(spawn, slots=2)
+    victim = spawn.Process(target=_count_forever, args=(ctx.for_child(0, None),))
+    survivor = spawn.Process(target=_count_until_stopped, args=(ctx.for_child(1, None),))
+    victim.start()
+    survivor.start()
+    try:
+        for _ in range(5):  # kill it mid-loop, several times over
+            mark = ctx.steps[0]
+            deadline = time.monotonic() + 30
+            while ctx.steps[0] - mark < 10_000 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(10)
+            before = ctx.total_steps()
+            victim = spawn.Process(target=_count_forever, args=(ctx.for_child(0, None),))
+            victim.start()
+        # The survivor kept counting, and the launcher's reads never blocked.
+        deadline = time.monotonic() + 10
+        while ctx.total_steps() <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ctx.total_steps() > before
+        ctx.request_stop()
+        survivor.join(10)
+        assert survivor.exitcode == 0
+    finally:
+        for proc in (victim, survivor):
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _report_forever(ctx: ProcessContext) -> None:
+    payload = {"numbers": list(range(2000))}  # ~10 KB: killed mid-message often
+    while True:
+        ctx.report("train", payload)
+
+
+def _report_numbered(ctx: ProcessContext, count: int) -> None:
+    for n in range(count):
+        ctx.report("test", {"n": n})
+        time.sleep(0.01)
+
+
+def test_a_child_sigkilled_while_reporting_silences_only_itself():
+    spawn = mp.get_context("spawn")
+    channels = ReportChannels(spawn)
+    ctx = ProcessContext.create(spawn, slots=2)
+    noisy_ctx = channels.open("noisy", ctx, 0)
+    noisy = spawn.Process(target=_report_forever, args=(noisy_ctx,))
+    noisy.start()
+    channels.started(noisy_ctx)
+    received = receive_until(channels, lambda got: len(got) > 20)
+    os.kill(noisy.pid, signal.SIGKILL)  # mid-write, with the pipe full or filling
+    noisy.join(10)
+
+    quiet_ctx = channels.open("quiet", ctx, 1)
+    quiet = spawn.Process(target=_report_numbered, args=(quiet_ctx, 50))
+    quiet.start()
+    channels.started(quiet_ctx)
+    later = receive_until(channels, lambda got: sum(key == "quiet" for key, _, _ in got) == 50)
+    quiet.join(30)
+    assert [payload["n"] for key, _, payload in later if key == "quiet"] == list(range(50))
+    assert all(kind == "train" for key, kind, _ in received + later if key == "noisy")
+    assert "noisy" not in channels.readers  # read to the end its death left, then closed
+    # Its replacement gets a pipe of its own and is heard.
+    again_ctx = channels.open("noisy", ctx, 0)
+    again = spawn.Process(target=_report_numbered, args=(again_ctx, 3))
+    again.start()
+    channels.started(again_ctx)
+    replaced = receive_until(channels, lambda got: len(got) == 3)
+    again.join(30)
+    assert [payload["n"] for _, _, payload in replaced] == [0, 1, 2]
