@@ -13,9 +13,11 @@ import json
 import os
 import pickle
 import re
+import signal
 import tempfile
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,11 +41,49 @@ def checkpoint_path(folder: str | Path, env_id: str, suffix: str = ".dat") -> Pa
     return Path(folder) / f"{env_file_stem(env_id)}{suffix}"
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it where the system says it (Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it, then set it back
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """Within: a SIGTERM that would kill this process at once raises SystemExit instead.
+
+    Then a write it interrupts removes its temporary file on the way out. A process that
+    handles SIGTERM itself (the launcher, which stops gracefully) keeps its handler.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def exit_now(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a file through a temporary file and a rename.
 
     A reader (or a crash) never sees a half-written file: the old file stays until the new
-    one is complete on disk, and a failed write leaves no temporary file behind.
+    one is complete on disk, and a failed or SIGTERM-interrupted write leaves no temporary
+    file behind. The file gets the mode the umask gives a new file (0644 under umask 022),
+    not the 0600 of a temporary file, so others can read a checkpoint on a shared machine;
+    the folder is synced after the rename, so the rename itself survives a power cut.
 
     Args:
         path: the file to (re)place.
@@ -51,17 +91,32 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with _sigterm_cleans_up():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder that cannot be opened (some network mounts): nothing to sync
+        return
+    try:
+        with contextlib.suppress(OSError):  # not supported on some file systems
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:

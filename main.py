@@ -113,10 +113,18 @@ def resume_from(
                 f"resume: optimizer {key} was {saved_value} in the training state; "
                 f"this run uses {value} (from the command line)"
             )
+    if optimizer is None:
+        statistics = "optimizer statistics start afresh in each worker (--no-shared-optimizer)"
+    elif state.optimizer is None:
+        statistics = (
+            "optimizer statistics start afresh (the state holds none: it was saved by a "
+            "--no-shared-optimizer run)"
+        )
+    else:
+        statistics = "optimizer statistics restored"
     log.info(
         f"resumed from {where}: step {state.steps:,}, {format_elapsed(state.elapsed)} trained, "
-        f"{len(state.test_rewards)} test games"
-        + ("" if optimizer is None else ", optimizer statistics restored")
+        f"{len(state.test_rewards)} test games; {statistics}"
     )
     return state
 

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import stat
+import time
+
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-from checkpoint import RunPaths, TrainingState, env_file_stem, save_atomic
+from checkpoint import (
+    RunPaths,
+    TrainingState,
+    current_umask,
+    env_file_stem,
+    save_atomic,
+    write_atomic,
+    write_json_atomic,
+)
 from utils import UsageError
 
 
@@ -21,6 +35,58 @@ def test_save_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
         save_atomic({"w": Unpicklable()}, path)
     assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["Pong.dat"]  # no temporary file left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_saved_files_get_the_umasks_mode_not_a_temporary_files(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        save_atomic({"w": torch.ones(2)}, tmp_path / "Pong.dat")
+        write_json_atomic({"a": 1}, tmp_path / "Pong_run.json")
+    finally:
+        os.umask(previous)
+    for name in ("Pong.dat", "Pong_run.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def record(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    save_atomic({"w": torch.ones(2)}, tmp_path / "Pong.dat")
+    assert synced == [False, True]  # the file's data, then the folder holding the new name
+
+
+def _slow_write(path, marker) -> None:
+    def write(f):
+        f.write(b"new, half written")
+        marker.touch()
+        time.sleep(60)
+
+    write_atomic(path, write)
+
+
+def test_a_save_interrupted_by_sigterm_leaves_no_temporary_file(tmp_path):
+    path, marker = tmp_path / "Pong.dat", tmp_path / "writing"
+    path.write_bytes(b"old")
+    spawn = mp.get_context("spawn")
+    proc = spawn.Process(target=_slow_write, args=(path, marker))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp_path.glob(".Pong.dat.*.tmp"))  # mid-write: the temporary file exists
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.join(30)
+    assert proc.exitcode == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Pong.dat", "writing"]
+    assert path.read_bytes() == b"old"
 
 
 @pytest.mark.parametrize(

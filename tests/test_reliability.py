@@ -231,6 +231,27 @@ def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
     assert "resumed from" in caplog.text and "optimizer lr was" not in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("saved_with", "resumed_with", "said"),
+    [
+        ("--shared-optimizer", "--shared-optimizer", "; optimizer statistics restored"),
+        ("--no-shared-optimizer", "--shared-optimizer", "start afresh (the state holds none"),
+        ("--shared-optimizer", "--no-shared-optimizer", "start afresh in each worker"),
+    ],
+)
+def test_resume_says_which_optimizer_statistics_it_restored(
+    tmp_path, caplog, saved_with, resumed_with, said
+):
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    prepare(parse_train_args([*flags, saved_with])).save_state()
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    with caplog.at_level("INFO", logger="a3g.main"):
+        prepare(parse_train_args([*flags, *load, resumed_with]))
+    [line] = [r.message for r in caplog.records if r.message.startswith("resumed from")]
+    assert said in line
+    assert ("restored" in line) == (said == "; optimizer statistics restored")
+
+
 def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
     (tmp_path / "models").mkdir()
     torch.save(
@@ -400,6 +421,28 @@ def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(
     else:
         assert launcher.stop_reason.endswith("exit code 3; FatalRunError: NaN keeps coming")
         assert Child(0) not in launcher.processes
+    if launcher.monitor.writer is not None:
+        launcher.monitor.writer.close()
+
+
+def _large_last_report(ctx: ProcessContext) -> None:
+    while not ctx.stopping():
+        time.sleep(0.05)
+    ctx.report("diagnostic", {"blob": "x" * 200_000})  # over a pipe's 64 KiB: blocks until read
+
+
+@pytest.mark.slow
+def test_shutdown_reads_the_last_reports_while_it_waits_for_the_children(tmp_path, caplog):
+    launcher = prepare(parse_train_args([*PONG_FLAGS, "--workers", "4", *folders(tmp_path)]))
+    launcher.process_target = lambda child, ctx: (_large_last_report, (ctx,))
+    launcher.start()
+    time.sleep(1)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        launcher.shutdown()
+    assert time.monotonic() - started < launcher.JOIN_SECONDS
+    assert "did not stop in time" not in caplog.text
+    assert [proc.exitcode for proc in launcher.processes.values()] == [0] * 5
     if launcher.monitor.writer is not None:
         launcher.monitor.writer.close()
 
