@@ -157,7 +157,7 @@ def prepare(config: TrainConfig) -> Launcher:
     optimizer = None
     if config.shared_optimizer:
         optimizer = make_optimizer(
-            shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
+            shared_model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
         )
     resumed = resume_from(paths, config, shared_model, optimizer, log) if config.load else None
     shared_model.share_memory()

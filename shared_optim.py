@@ -5,6 +5,11 @@ first step, so `share_memory()` can move it to shared memory before the workers 
 worker then reads and updates the same statistics, without locks. The update arithmetic
 follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` (single-tensor path) operation for
 operation, so both give the same parameters step after step.
+
+The step count is the one statistic a lost update would corrupt for good: ``step += 1`` on
+one shared number from every worker is a read-modify-write race (two processes stepping
+20,000 times each at once counted 39,990). So each worker counts its own steps in a slot
+of a shared vector that only it writes, and an update uses their sum.
 """
 
 from __future__ import annotations
@@ -63,27 +68,58 @@ def set_lr(optimizer: optim.Optimizer, lr: float) -> None:
 
 
 class _SharedOptimizer(optim.Optimizer):
-    """Base class: eager state creation and `share_memory`."""
+    """Base class: eager state creation, `share_memory`, and the step count kept in slots.
+
+    Attributes:
+        step_counts: steps taken, one slot per worker (float64: exact to 2**53); the
+            optimizer's step count is their sum. Shared by `share_memory`.
+        slot: the slot this process counts in (`use_slot`); each process has its own value.
+    """
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def _create_state(self) -> None:
+    def _create_state(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"expected slots >= 1, got {slots}")
         for group in self.param_groups:
             for param in group["params"]:
                 self.state[param] = self._init_state(param, group)
+        self.step_counts = torch.zeros(slots, dtype=torch.float64)
+        self.slot = 0
+
+    def use_slot(self, slot: int) -> None:
+        """Count this process's steps in `slot` (a worker's rank; no other process may use it)."""
+        if not 0 <= slot < len(self.step_counts):
+            raise ValueError(f"expected slot in 0..{len(self.step_counts) - 1}, got {slot}")
+        self.slot = slot
+
+    def steps_taken(self) -> int:
+        """Updates applied by every process so far (a resumed optimizer's included)."""
+        return int(self.step_counts.sum())
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer pickles only defaults, state and param_groups; a worker
+        # needs the shared slots too.
+        return {**super().__getstate__(), "step_counts": self.step_counts, "slot": self.slot}
 
     def share_memory(self) -> None:
         """Move every state tensor to shared memory (call before starting workers)."""
+        self.step_counts.share_memory_()
         for state in self.state.values():
             for value in state.values():
                 if torch.is_tensor(value):
                     value.share_memory_()
 
     def _update(
-        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        group: dict,
+        step: float,
     ) -> None:
-        """Apply one update to `param` (the step count is already incremented)."""
+        """Apply one update to `param`; `step` counts this update (1 for the first)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -93,24 +129,38 @@ class _SharedOptimizer(optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.step_counts[self.slot] += 1
+        # One read for the whole update: other workers count on meanwhile (Hogwild).
+        step = float(self.step_counts.sum())
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is None:
                     continue
                 state = self.state[param]
-                state["step"] += 1
+                state["step"].fill_(step)  # torch's layout, for state_dict and readers
                 grad = param.grad
                 if group["weight_decay"] != 0:
                     grad = grad.add(param, alpha=group["weight_decay"])
-                self._update(param, grad, state, group)
+                self._update(param, grad, state, group, step)
         return loss
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state in torch's layout, every ``step`` the count of all workers' updates."""
+        total = float(self.step_counts.sum())
+        for state in self.state.values():
+            state["step"].fill_(total)
+        return super().state_dict()
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load statistics, keeping them in shared memory if they were before."""
-        was_shared = any(
-            v.is_shared() for s in self.state.values() for v in s.values() if torch.is_tensor(v)
-        )
+        """Load statistics, keeping them in shared memory if they were before.
+
+        The saved step count goes to slot 0; the workers count on from it.
+        """
+        was_shared = self.step_counts.is_shared()
         super().load_state_dict(state_dict)
+        steps = [float(s["step"]) for s in self.state.values() if "step" in s]
+        self.step_counts.zero_()
+        self.step_counts[0] = max(steps, default=0.0)
         if was_shared:
             self.share_memory()
 
@@ -147,6 +197,7 @@ class SharedRMSprop(_SharedOptimizer):
         weight_decay: float = 0,
         momentum: float = 0,
         centered: bool = False,
+        slots: int = 1,
     ):
         """Create the optimizer and its (not yet shared) state.
 
@@ -158,6 +209,7 @@ class SharedRMSprop(_SharedOptimizer):
             weight_decay: L2 penalty.
             momentum: momentum factor.
             centered: normalise by the gradient's estimated variance.
+            slots: processes that will step it (one step-count slot each; `use_slot`).
         """
         _check_positive("lr", lr)
         _check_positive("eps", eps)
@@ -172,7 +224,7 @@ class SharedRMSprop(_SharedOptimizer):
             centered=centered,
         )
         super().__init__(params, defaults)
-        self._create_state()
+        self._create_state(slots)
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
         state = {
@@ -186,7 +238,12 @@ class SharedRMSprop(_SharedOptimizer):
         return state
 
     def _update(
-        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        group: dict,
+        step: float,
     ) -> None:
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
         square_avg = state["square_avg"]
@@ -217,6 +274,7 @@ class SharedAdam(_SharedOptimizer):
         eps: float = 1e-3,
         weight_decay: float = 0,
         amsgrad: bool = False,
+        slots: int = 1,
     ):
         """Create the optimizer and its (not yet shared) state.
 
@@ -227,6 +285,7 @@ class SharedAdam(_SharedOptimizer):
             eps: added to the denominator (1e-3 as in the original, torch's default is 1e-8).
             weight_decay: L2 penalty.
             amsgrad: use the running maximum of the second moment (AMSGrad).
+            slots: processes that will step it (one step-count slot each; `use_slot`).
         """
         _check_positive("lr", lr)
         _check_positive("eps", eps)
@@ -235,7 +294,7 @@ class SharedAdam(_SharedOptimizer):
                 raise UsageError(f"Adam betas must be in [0, 1), got {betas!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(params, defaults)
-        self._create_state()
+        self._create_state(slots)
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
         state = {
@@ -248,13 +307,15 @@ class SharedAdam(_SharedOptimizer):
         return state
 
     def _update(
-        self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], group: dict
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        group: dict,
+        step: float,
     ) -> None:
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
-        # Hogwild: another worker may bump the shared count meanwhile; one read keeps this
-        # update consistent with itself.
-        step = state["step"].item()
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

@@ -258,12 +258,20 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
 
 
 def make_optimizer(
-    params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool
+    params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool, slots: int = 1
 ) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam)."""
+    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam).
+
+    Args:
+        params: the parameters it updates.
+        optimizer: ``"Adam"`` or ``"RMSprop"``.
+        lr: the learning rate.
+        amsgrad: AMSGrad (Adam only).
+        slots: processes that will step it (``--workers`` for the shared optimizer).
+    """
     if optimizer == "RMSprop":
-        return SharedRMSprop(params, lr=lr)
-    return SharedAdam(params, lr=lr, amsgrad=amsgrad)
+        return SharedRMSprop(params, lr=lr, slots=slots)
+    return SharedAdam(params, lr=lr, amsgrad=amsgrad, slots=slots)
 
 
 class PhaseClock:
@@ -349,6 +357,8 @@ def run_worker(
         optimizer = make_optimizer(
             shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
         )
+    else:
+        optimizer.use_slot(rank)  # the shared one: this worker counts its steps in its slot
     model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
     model = model.to(device)
     if config.fast_path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -235,3 +237,45 @@ def test_updates_from_two_processes_share_params_and_statistics():
     for p, q in zip(shared.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
         assert opt.state[p]["step"].item() == 2
+
+
+def _step_many(net: nn.Module, opt: SharedAdam, slot: int, steps: int, go) -> None:
+    torch.set_num_threads(1)
+    opt.use_slot(slot)
+    for p in net.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    while not go.value:  # start together, so the two really step at the same time
+        time.sleep(0.001)
+    for _ in range(steps):
+        opt.step()
+
+
+def test_two_processes_stepping_at_once_lose_no_step():
+    # One shared `step += 1` lost ~10 of 40,000 counts this way; slots lose none.
+    shared = nn.Linear(2, 2)
+    shared.share_memory()
+    opt = SharedAdam(shared.parameters(), lr=1e-4, slots=2)
+    opt.share_memory()
+    ctx = mp.get_context("spawn")
+    go = ctx.RawValue("b", 0)
+    procs = [
+        ctx.Process(target=_step_many, args=(shared, opt, slot, 20_000, go)) for slot in (0, 1)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(2)
+    go.value = 1
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    assert opt.steps_taken() == 40_000 and opt.step_counts.tolist() == [20_000, 20_000]
+    saved = opt.state_dict()
+    assert {entry["step"].item() for entry in saved["state"].values()} == {40_000}
+    assert all(torch.isfinite(p).all() for p in shared.parameters())
+
+    resumed = SharedAdam(nn.Linear(2, 2).parameters(), lr=1e-4, slots=2)
+    resumed.share_memory()
+    resumed.load_state_dict(saved)
+    assert resumed.steps_taken() == 40_000 and resumed.step_counts.is_shared()
+    with pytest.raises(ValueError, match="expected slot in 0..1, got 2"):
+        resumed.use_slot(2)
