@@ -216,11 +216,46 @@ def step_size_for(rank: int, num_steps: int, distributed_step_size: list[int]) -
 
 
 def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
-    """Copy the shared weights into the worker's model (across devices if need be)."""
-    model.load_state_dict(shared_model.state_dict())
+    """Copy the shared weights into the worker's model, one tensor copy each.
+
+    Plain ``copy_`` calls instead of ``load_state_dict`` (which builds two state dicts and
+    matches their keys every rollout). Queued ``non_blocking``: from pinned shared memory
+    (`pin_shared_memory`) to a GPU they are asynchronous copies, ordered before the
+    rollout's first forward on the same stream, so nothing waits for them here; on the CPU
+    they are plain copies.
+    """
+    with torch.no_grad():
+        for mine, shared in zip(model.parameters(), shared_model.parameters(), strict=True):
+            mine.copy_(shared, non_blocking=True)
+        for mine, shared in zip(model.buffers(), shared_model.buffers(), strict=True):
+            mine.copy_(shared, non_blocking=True)
 
 
-def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = False) -> None:
+def pin_shared_memory(shared_model: nn.Module) -> bool:
+    """Page-lock this process's mapping of the shared weights, for asynchronous GPU copies.
+
+    A copy from pageable memory to a GPU is staged through a pinned buffer by the driver and
+    blocks the process; from registered (pinned) memory it is one DMA the GPU runs while
+    the worker goes on. Registration is per process and needs CUDA; where it fails (no CUDA,
+    or a system that refuses to lock the pages) the copies stay blocking and correct.
+
+    Returns:
+        Whether every tensor was registered.
+    """
+    if not torch.cuda.is_available():
+        return False
+    cudart = torch.cuda.cudart()
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage()
+        for t in shared_model.state_dict().values()
+    }
+    for pointer, storage in storages.items():
+        if int(cudart.cudaHostRegister(pointer, storage.nbytes(), 0)) != 0:
+            return False
+    return True
+
+
+def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = False) -> None:
     """Give the shared model this worker's current gradients, on every call.
 
     Why it exists: the optimizer steps the shared (CPU, shared-memory) parameters, but
@@ -230,31 +265,45 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, gpu: bool = F
     the shared parameter kept pointing at the first gradient forever and every later update
     re-applied it: CPU training could not learn.
 
-    On CPU the shared parameter simply references the worker's new gradient tensor (no copy;
-    ``.grad`` is per process, so workers never see each other's). From a GPU each gradient
-    leaves with one non-blocking copy into a pinned CPU buffer kept on the shared parameter
-    and reused across updates; the copies are queued back to back and the stream is
-    synchronised once, before returning, so the optimizer never reads a buffer in flight.
+    Two ways, the same gradients:
+    - ``copy=False`` (CPU workers): the shared parameter references the worker's new gradient
+      tensor (no copy; ``.grad`` is per process, so workers never see each other's).
+    - ``copy=True`` (GPU workers; works from any device): each gradient is copied into a CPU
+      buffer kept on the shared parameter and reused across updates, never the worker's own
+      tensor. From a CUDA device the buffer is pinned and the copies are non-blocking, queued
+      back to back, with one synchronisation before returning, so the optimizer never reads
+      a buffer in flight.
 
     Args:
         model: the worker's model, after ``backward()``.
         shared_model: the shared CPU model the optimizer steps.
-        gpu: the worker's model lives on a CUDA device.
+        copy: hand over copies in reused CPU buffers instead of references.
     """
+    cuda_device = None
     for param, shared_param in zip(model.parameters(), shared_model.parameters(), strict=True):
         grad = param.grad
         if grad is None:
             shared_param.grad = None
-        elif not gpu:
+            continue
+        if not copy:
             shared_param.grad = grad
-        else:
-            buffer = shared_param.grad
-            if buffer is None or buffer.shape != grad.shape or not buffer.is_pinned():
-                buffer = torch.empty(shared_param.shape, dtype=grad.dtype, pin_memory=True)
-                shared_param.grad = buffer
-            buffer.copy_(grad, non_blocking=True)
-    if gpu:
-        torch.cuda.current_stream(next(model.parameters()).device).synchronize()
+            continue
+        on_cuda = grad.device.type == "cuda"
+        buffer = shared_param.grad
+        if (
+            buffer is None
+            or buffer is grad
+            or buffer.shape != grad.shape
+            or buffer.dtype != grad.dtype
+            or (on_cuda and not buffer.is_pinned())
+        ):
+            buffer = torch.empty(grad.shape, dtype=grad.dtype, device="cpu", pin_memory=on_cuda)
+            shared_param.grad = buffer
+        buffer.copy_(grad, non_blocking=on_cuda)
+        if on_cuda:
+            cuda_device = grad.device
+    if cuda_device is not None:
+        torch.cuda.current_stream(cuda_device).synchronize()
 
 
 def make_optimizer(
@@ -380,6 +429,8 @@ def run_worker(
         agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
+    if on_gpu:
+        pin_shared_memory(shared_model)  # sync_weights' copies then run asynchronously
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
     guard = NonFiniteGuard(ctx)
@@ -420,7 +471,7 @@ def run_worker(
             agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh
             continue
 
-        ensure_shared_grads(model, shared_model, gpu=on_gpu)
+        ensure_shared_grads(model, shared_model, copy=on_gpu)
         lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)
         set_lr(optimizer, lr)  # --lr-schedule: this worker's copy of the settings
         optimizer.step()

@@ -289,13 +289,19 @@ def test_k_envs_bf16_worker_on_gpu():
     assert all(p.device.type == "cpu" for p in shared.parameters())
 
 
-def test_fp32_single_env_worker_is_unchanged_by_the_new_flags():
+def test_the_default_worker_computes_the_originals_losses():
+    # The defaults (one env, fp32, the fast path) against the original's computation
+    # (--no-fast-path): same seeds, so the same games and the same losses, update after update.
     args = make_args(
         env="PongNoFrameskip-v4", hidden_size=32, num_steps=10, env_config=str(ROOT / "config.json")
     )
-    default, _ = worker_losses(args, updates=3)
-    explicit, _ = worker_losses(replace(args, envs_per_worker=1, precision="fp32"), updates=3)
-    assert default == explicit
+    assert (args.envs_per_worker, args.precision, args.fast_path) == (1, "fp32", True)
+    default, shared = worker_losses(args, updates=4)
+    original, original_shared = worker_losses(replace(args, fast_path=False), updates=4)
+    assert len(default) == 4
+    torch.testing.assert_close(default, original, rtol=1e-4, atol=1e-6)
+    for p, q in zip(shared.parameters(), original_shared.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=2e-5)  # after 4 Adam steps
 
 
 def test_conv_backward_in_chunks_gives_the_one_batch_gradients(monkeypatch):

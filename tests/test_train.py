@@ -14,7 +14,14 @@ from fast_path import sequence_from_features
 from model import build_model
 from shared_optim import SharedAdam
 from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
-from train import a3c_loss, ensure_shared_grads, make_optimizer, run_worker, step_size_for
+from train import (
+    a3c_loss,
+    ensure_shared_grads,
+    make_optimizer,
+    run_worker,
+    step_size_for,
+    sync_weights,
+)
 from utils import ProcessContext
 
 
@@ -247,9 +254,12 @@ def _net(seed: int = 0) -> nn.Module:
 
 
 def _backward(model: nn.Module, seed: int) -> list[torch.Tensor]:
+    """Backward on made-up data, built on the model's device; returns the gradients."""
+    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
+    inputs, weights = torch.randn(4, 5, generator=gen), torch.randn(4, 2, generator=gen)
     model.zero_grad(set_to_none=True)  # what torch 2.x optimizers and modules do by default
-    (model(torch.randn(4, 5, generator=gen)) * torch.randn(4, 2, generator=gen)).sum().backward()
+    (model(inputs.to(device)) * weights.to(device)).sum().backward()
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -292,16 +302,63 @@ def test_missing_local_gradient_clears_the_shared_one():
     assert all(p.grad is None for p in shared.parameters())
 
 
-@requires_cuda
-@pytest.mark.gpu
-def test_hand_off_from_gpu_copies_every_update():
-    local, shared = _net().cuda(), _net()
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])],
+)
+def test_copying_hand_off_reuses_its_buffers_and_never_aliases(device):
+    local, shared = _net().to(device), _net()
     first = _backward(local, 1)
-    ensure_shared_grads(local, shared, gpu=True)
+    ensure_shared_grads(local, shared, copy=True)
     buffers = [p.grad for p in shared.parameters()]
     second = _backward(local, 2)
-    ensure_shared_grads(local, shared, gpu=True)
-    for p, b, g1, g2 in zip(shared.parameters(), buffers, first, second, strict=True):
-        assert p.grad.device.type == "cpu" and p.grad.is_pinned()
-        assert p.grad is b  # the pinned CPU buffer is reused
+    ensure_shared_grads(local, shared, copy=True)
+    for p, mine, b, g1, g2 in zip(
+        shared.parameters(), local.parameters(), buffers, first, second, strict=True
+    ):
+        assert p.grad.device.type == "cpu" and p.grad.is_pinned() == (device == "cuda")
+        assert p.grad is b  # the CPU buffer is reused
+        assert p.grad.data_ptr() != mine.grad.data_ptr()  # a copy, not the worker's tensor
         assert torch.equal(p.grad, g2.cpu()) and not torch.equal(p.grad, g1.cpu())
+    # A worker's later backward writes its own tensors, never the handed-over ones.
+    with torch.no_grad():
+        for mine in local.parameters():
+            mine.grad.add_(1.0)
+    for p, g2 in zip(shared.parameters(), second, strict=True):
+        assert torch.equal(p.grad, g2.cpu())
+
+
+def test_copying_hand_off_reallocates_after_a_missing_gradient():
+    local, shared = _net(), _net()
+    _backward(local, 1)
+    ensure_shared_grads(local, shared, copy=True)
+    local.zero_grad(set_to_none=True)
+    ensure_shared_grads(local, shared, copy=True)
+    assert all(p.grad is None for p in shared.parameters())
+    third = _backward(local, 3)
+    ensure_shared_grads(local, shared, copy=True)
+    for p, mine, g in zip(shared.parameters(), local.parameters(), third, strict=True):
+        assert torch.equal(p.grad, g) and p.grad is not mine.grad
+    # A buffer that aliases the worker's gradient (left by the referencing hand-off) is
+    # replaced, not written through.
+    ensure_shared_grads(local, shared)
+    ensure_shared_grads(local, shared, copy=True)
+    for p, mine in zip(shared.parameters(), local.parameters(), strict=True):
+        assert p.grad is not mine.grad
+
+
+def test_copying_and_referencing_hand_offs_step_the_optimizer_alike():
+    results = []
+    for copy in (False, True):
+        local, shared = _net(), _net()
+        shared.share_memory()
+        opt = SharedAdam(shared.parameters(), lr=1e-2, amsgrad=True)
+        opt.share_memory()
+        for seed in range(5):
+            sync_weights(local, shared)
+            _backward(local, seed)
+            ensure_shared_grads(local, shared, copy=copy)
+            opt.step()
+        results.append([p.detach().clone() for p in shared.parameters()])
+    for by_reference, by_copy in zip(*results, strict=True):
+        assert torch.equal(by_reference, by_copy)
