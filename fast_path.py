@@ -232,8 +232,9 @@ class _ReplayConvStack(torch.autograd.Function):
         total: list[torch.Tensor] | None = None
         # Rows in chunks: K envs' rollouts are hundreds of frames, whose activations (65 MB
         # for 320 frames' first layer) fall out of the caches when done as one batch.
-        for start in range(0, last.shape[0], BACKWARD_CHUNK):
-            rows = slice(start, start + BACKWARD_CHUNK)
+        chunk = backward_chunk(grad.device)
+        for start in range(0, last.shape[0], chunk):
+            rows = slice(start, start + chunk)
             grads = _conv_stack_backward(model, tape, grad[rows], rows)
             total = grads if total is None else [t + g for t, g in zip(total, grads, strict=True)]
         assert total is not None
@@ -241,9 +242,19 @@ class _ReplayConvStack(torch.autograd.Function):
 
 
 BACKWARD_CHUNK = 40
-"""Frames per conv-stack backward call (`_ReplayConvStack`); a 20-step rollout of one env is
-one call. On the 2-core CPU, per frame: 2.4 ms in chunks of 20-40, 2.7 in 64-80, 3.1 in one
-320-frame batch (bf16: 1.4, 1.7-1.8, 2.7)."""
+"""Frames per conv-stack backward call (`_ReplayConvStack`) on the CPU; a 20-step rollout of
+one env is one call. On the 2-core CPU, per frame: 2.4 ms in chunks of 20-40, 2.7 in 64-80,
+3.1 in one 320-frame batch (bf16: 1.4, 1.7-1.8, 2.7)."""
+
+GPU_BACKWARD_CHUNK = 1 << 20
+"""On a GPU the whole rollout goes in one call: the CPU's reason for chunks (activations
+falling out of a core's caches) does not apply, and each call is a few kernel launches that
+a bigger batch amortises. Not yet measured on a GPU (none lent so far)."""
+
+
+def backward_chunk(device: torch.device) -> int:
+    """Frames per conv-stack backward call on `device` (`BACKWARD_CHUNK`, `GPU_BACKWARD_CHUNK`)."""
+    return BACKWARD_CHUNK if device.type == "cpu" else GPU_BACKWARD_CHUNK
 
 
 def _conv_stack_backward(

@@ -169,7 +169,9 @@ def evaluate(args: EvalConfig) -> dict:
     shown = build_env("human") if args.render else None
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)
-    model.to(device).use_channels_last().eval()
+    model.to(device).eval()
+    if model.channels_last_suits(device):
+        model.use_channels_last()
     played = protocol(
         args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability
     )

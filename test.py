@@ -58,7 +58,7 @@ def run_test(
         repeat_action_probability=config.repeat_action_probability,
     )  # fmt: skip
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
-    if config.fast_path:
+    if config.fast_path and model.channels_last_suits(device):  # greedy play is fp32
         # The workers' acting layout: a greedy step costs about a third less, so on the CPU
         # the workers leave, test games end sooner and score newer weights.
         model.use_channels_last()

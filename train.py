@@ -410,10 +410,10 @@ def run_worker(
         optimizer.use_slot(rank)  # the shared one: this worker counts its steps in its slot
     model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
     model = model.to(device)
-    if config.fast_path:
+    bf16 = config.precision == "bf16"
+    if config.fast_path and model.channels_last_suits(device, bf16):
         model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
     model.train()
-    bf16 = config.precision == "bf16"
     agent: Agent | BatchAgent
     if len(envs) == 1:
         agent = Agent(

@@ -354,7 +354,7 @@ def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
     """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
 
     On the CPU that means oneDNN's bfloat16 kernels (AVX512-BF16 or AMX on x86); on GPUs,
-    ``torch.cuda.is_bf16_supported``. Call after `check_gpus`.
+    compute capability 8.0 or later (`gpu_has_bf16`). Call after `check_gpus`.
 
     Raises:
         UsageError: bf16 asked for and not supported here.
@@ -369,21 +369,48 @@ def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
             )
         return
     for gpu_id in gpu_ids:
-        with torch.cuda.device(gpu_id):
-            if not torch.cuda.is_bf16_supported(including_emulation=False):
-                raise UsageError(
-                    f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
-                    f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
-                )
+        if not gpu_has_bf16(gpu_id):
+            raise UsageError(
+                f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
+                f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
+            )
+
+
+def gpu_has_bf16(gpu_id: int) -> bool:
+    """Native bfloat16 arithmetic (compute capability 8.0+: Ampere, Hopper, ...) on `gpu_id`.
+
+    Reads the device's properties, which creates no CUDA context: the launcher checks every
+    GPU of the run and must not hold ~0.3-0.5 GB on each for the whole run, as a
+    ``torch.cuda.device(gpu_id)`` block around ``is_bf16_supported`` would. T4 (7.5) and
+    V100 (7.0) emulate bf16 slowly and are refused.
+    """
+    return torch.cuda.get_device_capability(gpu_id) >= (8, 0)
 
 
 def worker_device(gpu_id: int) -> torch.device:
     """The device for `gpu_id` (-1 = CPU), made current before any other CUDA call.
 
     Setting the device first keeps a process from creating a CUDA context (and holding
-    memory) on GPU 0 when it works on another GPU.
+    memory) on GPU 0 when it works on another GPU. A GPU also gets `set_fp32_policy`.
     """
     if gpu_id < 0:
         return torch.device("cpu")
     torch.cuda.set_device(gpu_id)
-    return torch.device("cuda", gpu_id)
+    device = torch.device("cuda", gpu_id)
+    set_fp32_policy(device)
+    return device
+
+
+def set_fp32_policy(device: torch.device) -> None:
+    """fp32 means fp32 on a GPU: no TF32 in matmuls or cuDNN convolutions and RNNs.
+
+    PyTorch leaves TF32 on for cuDNN by default on Ampere and later, so the fast path's fused
+    ``torch.lstm`` (cuDNN) would run with 10-bit mantissas while the acting ``LSTMCell``
+    (cuBLAS matmuls, TF32 off by default) runs full fp32: the loss would differentiate a
+    slightly different policy from the one that acted. Both off makes the two paths agree;
+    ``--precision bf16`` is the speed option. The CPU has no TF32: nothing to set.
+    """
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False

@@ -60,6 +60,13 @@ def crop(env_id: str) -> dict[str, int]:
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16_CPU = cpu_has_bf16()
 requires_bf16_cpu = pytest.mark.skipif(not BF16_CPU, reason="this CPU has no bfloat16 kernels")
+requires_bf16_cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)),
+    reason="needs a GPU with native bfloat16 (compute capability 8.0+; T4 and V100 emulate it)",
+)
+# Parity tests compare fp32 paths: no TF32 anywhere on a GPU (what workers set too).
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
 
 
 # -- end-to-end runs of the CLI ------------------------------------------------------------------

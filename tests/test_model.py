@@ -232,3 +232,19 @@ def test_recording_needs_no_grad(model):
 def test_norm_col_init_rescales_each_row():
     out = norm_col_init(torch.empty(7, 40), 0.25)
     torch.testing.assert_close(out.norm(dim=1), torch.full((7,), 0.25))
+
+
+# -- per-device choices --------------------------------------------------------------------------
+
+
+def test_layout_and_backward_chunks_are_chosen_per_device_type():
+    from fast_path import BACKWARD_CHUNK, backward_chunk
+    from model import ActorCriticLSTM
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    suits = ActorCriticLSTM.channels_last_suits
+    assert suits(cpu) and suits(cpu, bf16=True)
+    assert not suits(cuda)  # fp32: cuDNN's default layout
+    assert suits(cuda, bf16=True)  # tensor cores
+    assert backward_chunk(cpu) == BACKWARD_CHUNK == 40  # the CPU's measured choice
+    assert backward_chunk(cuda) >= 16 * 20 * 64  # a GPU takes any rollout in one call

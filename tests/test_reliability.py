@@ -545,7 +545,7 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp
         (["--save-model-dir", str(a_file / "sub")], "--save-model-dir"),
         (["--log-dir", str(a_file / "sub")], "--log-dir"),
         (["--env-config", str(bad_config)], str(bad_config)),
-        (["--gpu-ids", "7"], "--gpu-ids"),
+        (["--gpu-ids", "99"], "--gpu-ids"),  # no machine has a GPU 99 (7 is valid on 8)
     ]
     for folder, message in bad_dat_files(tmp_path / "dats").values():
         cases.append((["--hidden-size", "32", "--load", "--load-model-dir", folder], message))

@@ -179,16 +179,19 @@ def test_gpu_worker_updates_the_cpu_shared_model():
 
 
 def pong_rollout_grads(
-    fast: bool, steps: int = 12, bf16: bool = False
+    fast: bool, steps: int = 12, bf16: bool = False, channels_last: bool | None = None
 ) -> tuple[float, list[torch.Tensor], list[int]]:
-    """One rollout from a fixed seed: loss, gradients and the actions taken."""
+    """One rollout from a fixed seed: loss, gradients and the actions taken.
+
+    `channels_last` defaults to the CPU worker's choice: with the fast path.
+    """
     from player_util import Agent
 
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
     env = make_env(args.env, crop(args.env), **env_kwargs(args))
     torch.manual_seed(0)
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
-    if fast:
+    if fast if channels_last is None else channels_last:
         model.use_channels_last()
     agent = Agent(model, env, fast_path=fast, bf16=bf16)
     agent.reset(seed=3)
@@ -208,22 +211,30 @@ def pong_rollout_grads(
     return terms.total.item(), [p.grad.clone() for p in model.parameters()], actions
 
 
-def test_fast_path_gives_the_reference_loss_and_gradients():
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "nchw"])
+def test_fast_path_gives_the_reference_loss_and_gradients(channels_last):
+    # NCHW is the layout an fp32 GPU worker keeps (`channels_last_suits`).
     ref_loss, ref_grads, _ = pong_rollout_grads(fast=False)
-    fast_loss, fast_grads, actions = pong_rollout_grads(fast=True)
+    fast_loss, fast_grads, actions = pong_rollout_grads(fast=True, channels_last=channels_last)
     assert len(actions) == 12
     assert fast_loss == pytest.approx(ref_loss, rel=1e-4, abs=1e-5)
     for ref, fast in zip(ref_grads, fast_grads, strict=True):
         torch.testing.assert_close(fast, ref, rtol=1e-3, atol=1e-5)
 
 
-def test_fast_and_reference_workers_give_the_same_losses_on_pong():
+def test_the_default_worker_computes_the_originals_losses_on_pong():
+    # The defaults (one env, fp32, the fast path) against the original's computation
+    # (--no-fast-path): same seeds, so the same games and losses, update after update.
     args = make_args(
         env="PongNoFrameskip-v4", hidden_size=32, num_steps=10, env_config=str(ROOT / "config.json")
     )
-    reference, _ = worker_losses(replace(args, fast_path=False), updates=4)
-    fast, _ = worker_losses(replace(args, fast_path=True), updates=4)
+    assert (args.envs_per_worker, args.precision, args.fast_path) == (1, "fp32", True)
+    reference, reference_shared = worker_losses(replace(args, fast_path=False), updates=4)
+    fast, shared = worker_losses(args, updates=4)
+    assert len(fast) == 4
     assert fast == pytest.approx(reference, rel=1e-4, abs=1e-5)
+    for p, q in zip(shared.parameters(), reference_shared.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=2e-5)  # after 4 Adam steps
 
 
 def test_fused_lstm_sequence_matches_step_by_step_forward():

@@ -186,3 +186,42 @@ def test_a_child_sigkilled_while_reporting_silences_only_itself():
     replaced = receive_until(channels, lambda got: len(got) == 3)
     again.join(30)
     assert [payload["n"] for _, _, payload in replaced] == [0, 1, 2]
+
+
+# -- GPU settings, checked without a GPU ---------------------------------------------------------
+
+
+def test_fp32_on_a_gpu_means_no_tf32(monkeypatch):
+    import torch
+
+    from utils import set_fp32_policy
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    set_fp32_policy(torch.device("cpu"))  # the CPU has no TF32: nothing changes
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    set_fp32_policy(torch.device("cuda", 0))
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+
+
+@pytest.mark.parametrize(
+    ("capability", "allowed"), [((7, 5), False), ((8, 0), True), ((9, 0), True)]
+)
+def test_bf16_on_gpus_is_judged_by_capability_without_a_cuda_context(
+    monkeypatch, capability, allowed
+):
+    import torch
+
+    import utils
+
+    def no_context(*_args, **_kwargs):
+        raise AssertionError("torch.cuda.device() creates a context on the GPU for the whole run")
+
+    monkeypatch.setattr(torch.cuda, "device", no_context)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda gpu_id: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu_id: "Tesla T4")
+    if allowed:
+        utils.check_precision("bf16", [0, 1])
+    else:
+        with pytest.raises(utils.UsageError, match=r"bfloat16 on GPU 0 \(Tesla T4\), which lacks"):
+            utils.check_precision("bf16", [0, 1])
