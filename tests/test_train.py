@@ -373,3 +373,52 @@ def test_copying_and_referencing_hand_offs_step_the_optimizer_alike():
         results.append([p.detach().clone() for p in shared.parameters()])
     for by_reference, by_copy in zip(*results, strict=True):
         assert torch.equal(by_reference, by_copy)
+
+
+# -- device hygiene --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("envs", [1, 3])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
+def test_every_tensor_of_an_update_is_made_on_the_agents_device(envs, fast):
+    # With "meta" as the default device, a tensor made without device= lands there and the
+    # first op that meets a CPU tensor fails: on a GPU such a tensor would be a silent
+    # host/device copy, or an error only a GPU run shows.
+    from player_util import Agent, BatchAgent
+    from train import TrainStats, update_is_finite
+
+    args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
+    games = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(envs)]
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = build_model(games[0].observation_space, games[0].action_space, 32).to(cpu)
+    shared = build_model(games[0].observation_space, games[0].action_space, 32)
+    if fast:
+        model.use_channels_last()
+    with torch.device("meta"):
+        if envs == 1:
+            agent = Agent(model, games[0], cpu, fast_path=fast)
+            agent.reset(seed=1)
+        else:
+            agent = BatchAgent(model, games, cpu, fast_path=fast)
+            agent.reset(seeds=[1, 2, 3])
+        stats = TrainStats(model)
+        for _ in range(2):
+            agent.start_rollout()
+            agent.play_rollout(8)
+            agent.prepare_loss_inputs()
+            terms = a3c_loss(
+                agent.values, agent.log_probs, agent.rewards, agent.entropies,
+                agent.bootstrap_value(), args.gamma, args.tau, args.entropy_coef,
+                args.value_coef, getattr(agent, "masks", None),
+            )  # fmt: skip
+            model.zero_grad(set_to_none=True)
+            terms.total.backward()
+            squares = stats.grad_squares(model)
+            assert update_is_finite(terms, squares)
+            ensure_shared_grads(model, shared, copy=True)
+            stats.add(terms, squares)
+            agent.clear_actions()
+        report = stats.flush(0)
+    assert terms.total.device == cpu and report["updates"] == 2
+    assert all(p.grad is not None and p.grad.device == cpu for p in shared.parameters())
