@@ -166,6 +166,17 @@ class TrainConfig(CommonConfig):
         help="constant: --lr throughout (the original); linear: fall in a straight line from "
         "--lr to 0 at --max-steps (the A3C paper's annealing; needs --max-steps)",
     )
+    ray_address: str = flag(
+        "",
+        help="train on a Ray cluster: auto or host:port joins a running one, local starts one "
+        "here; --workers, --envs-per-worker and --gpu-ids then mean per node (default: this "
+        "machine alone, without Ray)",
+    )
+    nodes: int = flag(0, help="with --ray-address: machines to train on (0 = every alive node)")
+    sync_interval: float = flag(
+        3.0,
+        help="with --ray-address: seconds between a node's exchanges with the parameter server",
+    )
     state_interval: float = flag(
         300.0,
         help="seconds between writes of the training-state file <env>_state.pt (optimizer "
@@ -347,6 +358,17 @@ def validate_train(config: TrainConfig) -> TrainConfig:
             raise UsageError(f"{name} must be 0 or more seconds, got {value}")
     if not (math.isfinite(config.reward_scale) and config.reward_scale > 0):
         raise UsageError(f"--reward-scale must be a positive number, got {config.reward_scale}")
+    if config.nodes < 0:
+        raise UsageError(f"--nodes must be 0 (every node) or more, got {config.nodes}")
+    if not (math.isfinite(config.sync_interval) and config.sync_interval > 0):
+        raise UsageError(
+            f"--sync-interval must be a positive number of seconds, got {config.sync_interval}"
+        )
+    if not config.ray_address and config.nodes:
+        raise UsageError(
+            f"--nodes {config.nodes} needs --ray-address (auto, host:port or local); drop it "
+            "to train on this machine"
+        )
     if -1 in config.gpu_ids and len(config.gpu_ids) > 1:
         raise UsageError(
             f"--gpu-ids mixes -1 (CPU) with GPU ids {list(config.gpu_ids)}; give only GPU ids, "

@@ -7,7 +7,9 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,8 +131,13 @@ def resume_from(
     return state
 
 
-def prepare(config: TrainConfig) -> Launcher:
+def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     """Everything before the first process starts; all that can fail on bad input fails here.
+
+    Args:
+        config: the run's configuration.
+        part: what the launcher runs (`PARTS`): a cluster's driver (``test``) has no workers
+            and so no optimizer (each node keeps its own statistics).
 
     Raises:
         UsageError: a bad GPU id, an unwritable folder, a bad ``config.json`` or env id, an
@@ -155,7 +162,7 @@ def prepare(config: TrainConfig) -> Launcher:
     torch.manual_seed(config.seed)
     shared_model = build_model(observation_space, action_space, config.hidden_size)
     optimizer = None
-    if config.shared_optimizer:
+    if config.shared_optimizer and part != "test":
         optimizer = make_optimizer(
             shared_model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
         )
@@ -178,7 +185,7 @@ def prepare(config: TrainConfig) -> Launcher:
     )
     return Launcher(
         config, paths, env_conf, shared_model, optimizer, observation_space.shape,
-        tensorboard_dir, resumed,
+        tensorboard_dir, resumed, part=part,
     )  # fmt: skip
 
 
@@ -208,8 +215,18 @@ class Child:
         return "Test Agent" if self.rank is None else f"Train Agent: {self.rank}"
 
 
+PARTS = ("all", "workers", "test")
+"""What a launcher runs: ``all`` (one machine: the test process and the workers);
+``workers`` (a cluster node: its Hogwild pool, no files written); ``test`` (the cluster's head:
+the test process and the run's files, with the weights the parameter server sends)."""
+
+
 class Launcher:
-    """Starts the test process and the workers, supervises them, restarts the dead, shuts down."""
+    """Starts the test process and the workers, supervises them, restarts the dead, shuts down.
+
+    The same class runs a cluster's parts (`PARTS`); `cluster.py` adds the synchronisation
+    through `on_poll`, called on every supervision round.
+    """
 
     JOIN_SECONDS = 10.0
     POLL_SECONDS = 0.25
@@ -226,6 +243,8 @@ class Launcher:
         observation_shape: tuple[int, ...],
         tensorboard_dir: str,
         resumed: TrainingState | None = None,
+        part: str = "all",
+        extra_slots: int = 0,
     ):
         """Hold what the children get; nothing starts and no file is written until `run`.
 
@@ -238,7 +257,15 @@ class Launcher:
             observation_shape: one observation's shape (for the TensorBoard graph).
             tensorboard_dir: the run's TensorBoard folder, also its name in the log.
             resumed: the training state this run continues, if any.
+            part: which processes to run (`PARTS`).
+            extra_slots: step-counter slots beyond the workers' (a cluster node writes the
+                other nodes' steps there, so its workers see the cluster's total).
         """
+        if part not in PARTS:
+            raise ValueError(f"expected part in {PARTS}, got {part!r}")
+        self.part = part
+        self.on_poll: Callable[[], None] | None = None
+        self.before_shutdown: Callable[[], None] | None = None
         self.config = config
         self.paths = paths
         self.env_conf = env_conf
@@ -258,10 +285,13 @@ class Launcher:
             steps=0 if resumed is None else resumed.steps,
             elapsed=0.0 if resumed is None else resumed.elapsed,
             skipped=0 if resumed is None else resumed.skipped_updates,
-            slots=config.workers,
+            slots=(1 if part == "test" else config.workers) + extra_slots,
         )
         self.channels = ReportChannels(self.mp)
-        self.children = [Child(None), *(Child(rank) for rank in range(config.workers))]
+        self.children = [
+            *([Child(None)] if part != "workers" else []),
+            *(Child(rank) for rank in range(config.workers if part != "test" else 0)),
+        ]
         self.processes: dict[Child, mp.process.BaseProcess] = {}
         self.deaths: dict[Child, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}
@@ -338,13 +368,17 @@ class Launcher:
     def start(self) -> None:
         """Start the test process and the workers."""
         # Children inherit an ignored SIGINT, so a Ctrl-C during their start-up (before
-        # their own setup runs) cannot raise KeyboardInterrupt in them either.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # their own setup runs) cannot raise KeyboardInterrupt in them either. (Only the main
+        # thread may set handlers; a cluster node's launcher runs in a Ray actor's thread,
+        # where no terminal sends Ctrl-C.)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
             for child in self.children:
                 self._start(child)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
 
     def _start(self, child: Child) -> None:
         ctx = self.channels.open(child, self.ctx, -1 if child.rank is None else child.rank)
@@ -367,7 +401,7 @@ class Launcher:
                 if proc.exitcode not in (None, 0) and not self._handle_death(child, proc):
                     return
             workers = [p for child, p in self.processes.items() if not child.is_test]
-            if all(p.exitcode == 0 for p in workers):
+            if workers and all(p.exitcode == 0 for p in workers):
                 self.stop_reason = (
                     f"--max-steps {self.config.max_steps} reached"
                     if self.ctx.budget_reached()
@@ -376,11 +410,19 @@ class Launcher:
                 return
             if self.ctx.budget_reached() and not self.stop_reason:
                 self.stop_reason = f"--max-steps {self.config.max_steps} reached"
-            if self.config.state_interval > 0 and time.monotonic() >= self.next_state_save:
-                self.save_state()
-                self.next_state_save = time.monotonic() + self.config.state_interval
-            self.drain_reports()
-            self.monitor.tick()
+            if self.on_poll is not None:
+                self.on_poll()
+            if self.ctx.budget_reached() and self.part == "test":
+                self.stop_reason = f"--max-steps {self.config.max_steps} reached"
+                return
+            if self.part != "workers":
+                if self.config.state_interval > 0 and time.monotonic() >= self.next_state_save:
+                    self.save_state()
+                    self.next_state_save = time.monotonic() + self.config.state_interval
+                self.drain_reports()
+                self.monitor.tick()
+            else:
+                self.drain_reports()
             time.sleep(self.POLL_SECONDS)
 
     def _handle_death(self, child: Child, proc: mp.process.BaseProcess) -> bool:
@@ -418,7 +460,24 @@ class Launcher:
         return True
 
     def shutdown(self) -> None:
-        """Stop every child, then save the latest weights and the training state.
+        """Stop every child, then save the latest weights and the training state."""
+        if self.before_shutdown is not None:
+            try:
+                self.before_shutdown()  # a cluster's driver: the nodes' last exchanges
+            except Exception as err:  # the weights already pulled are still saved
+                self.log.error(f"stopping the cluster failed: {type(err).__name__}: {err}")
+        self.stop_children()
+        try:
+            save_atomic(cpu_state_dict(self.shared_model), self.paths.final_model)
+        except OSError as err:
+            self.log.error(
+                f"could not save {self.paths.final_model} ({err}); the previous file is kept"
+            )
+            self.final_saved = False
+        self.save_state()
+
+    def stop_children(self) -> None:
+        """Ask every child to stop and wait for it (terminate, then kill, the slow ones).
 
         The children's last reports are read while they are waited for: a child blocked on
         a full pipe would otherwise never exit.
@@ -443,14 +502,6 @@ class Launcher:
         self.drain_reports()
         for title, (cause, _) in self.pending_causes.items():
             self.log.error(f"{title} also failed: {cause}")
-        try:
-            save_atomic(cpu_state_dict(self.shared_model), self.paths.final_model)
-        except OSError as err:
-            self.log.error(
-                f"could not save {self.paths.final_model} ({err}); the previous file is kept"
-            )
-            self.final_saved = False
-        self.save_state()
 
     def write_curve(self) -> None:
         """The training curve PNG beside the log, when the run had test games."""
@@ -470,16 +521,18 @@ class Launcher:
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
         cores = os.cpu_count() or 1
-        if self.config.workers > cores:
+        if self.part == "all" and self.config.workers > cores:
             self.log.warning(
                 f"{self.config.workers} workers on {cores} CPU cores: they will share cores and "
                 f"each run slower; --workers {cores} is usually faster"
             )
         try:
             self.start()
+            where = describe_devices(self.config.gpu_ids)
             self.log.info(
-                f"training {self.config.env} with {self.config.workers} workers on "
-                f"{describe_devices(self.config.gpu_ids)}; Ctrl-C stops and saves"
+                f"training {self.config.env} with {self.config.workers} workers"
+                + (" per node" if self.part == "test" else "")
+                + f" on {where}; Ctrl-C stops and saves"
             )
             self.supervise()
         finally:
@@ -516,7 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
-        launcher = prepare(parse_train_args(argv))
+        config = parse_train_args(argv)
+        if config.ray_address:
+            from cluster import run_cluster
+
+            return run_cluster(config)
+        launcher = prepare(config)
     except UsageError as err:
         print(f"main.py: error: {err}", file=sys.stderr)
         return 2

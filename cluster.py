@@ -1,0 +1,532 @@
+"""Training on a Ray cluster: Hogwild inside each machine, a parameter server between them.
+
+``main.py --ray-address ...`` runs here instead of on one machine. The pieces:
+
+- A **node launcher** on each machine (`NodeLauncher`, a Ray actor pinned to its node) runs
+  the single-machine launcher's Hogwild pool there (`main.Launcher`, part ``workers``): the
+  shared-memory model, the shared optimizer (its statistics stay on the node) and the worker
+  processes, spawned and supervised as on one machine.
+- A **parameter server** (`ParameterServer`, an actor on the head) holds the global fp32
+  weights. Every ``--sync-interval`` seconds each node pushes the change of its shared
+  weights since its last exchange and gets the global weights back (`exchange`); the server
+  adds every push, so each node's updates count once, as if all workers were one pool.
+- The **driver** (this process, on the head) runs the test process and writes the log,
+  TensorBoard, checkpoints and run record as on one machine (`main.Launcher`, part ``test``),
+  with the weights it pulls from the server.
+
+Ray is imported only here, and only when ``--ray-address`` is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from cli import TrainConfig
+from environment import make_env
+from utils import UsageError
+
+ROOT = Path(__file__).resolve().parent
+
+RAY_EXCLUDES = [
+    ".git", ".ci", "trained_models", "logs", "runs", "demo", "docs", "tests", "benchmarks",
+    "__pycache__", "*.dat", "*.pt", "*.gif", "*.mp4", "*.png",
+]  # fmt: skip
+"""What the other machines do not need from this checkout (Ray's ``working_dir`` upload)."""
+
+STOP_SECONDS = 60.0
+"""How long the driver waits for the nodes' final exchange when the run stops."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The exchange arithmetic (no Ray)
+# ----------------------------------------------------------------------------------------------
+
+
+def flat_weights(model: nn.Module) -> np.ndarray:
+    """The model's parameters as one float32 vector (state_dict order), a copy."""
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def add_flat(model: nn.Module, change: np.ndarray) -> None:
+    """Add a flat vector (`flat_weights`' layout) to the parameters, in place.
+
+    In place, so a shared-memory model stays shared and the workers' Hogwild updates made
+    meanwhile are kept: they are added to, not overwritten.
+    """
+    _check_size(model, change)
+    offset = 0
+    with torch.no_grad():
+        for param in model.parameters():
+            size = param.numel()
+            param.add_(torch.from_numpy(change[offset : offset + size]).view_as(param))
+            offset += size
+
+
+def set_flat(model: nn.Module, weights: np.ndarray) -> None:
+    """Copy a flat vector (`flat_weights`' layout) into the parameters, in place."""
+    _check_size(model, weights)
+    offset = 0
+    with torch.no_grad():
+        for param in model.parameters():
+            size = param.numel()
+            param.copy_(torch.from_numpy(weights[offset : offset + size]).view_as(param))
+            offset += size
+
+
+def _check_size(model: nn.Module, flat: np.ndarray) -> None:
+    expected = sum(p.numel() for p in model.parameters())
+    if flat.shape != (expected,):
+        raise ValueError(f"expected {expected} weights, got {flat.size}")
+
+
+class WeightSync:
+    """One node's side of the exchange with the parameter server.
+
+    The node remembers the global weights it last received (`snapshot`). An exchange pushes
+    ``shared - snapshot`` (its workers' updates since then), receives the new global weights
+    ``pulled``, and applies ``shared += pulled - current``, where ``current`` is what it
+    pushed from: updates its workers made during the round trip stay in the shared model
+    (``shared = pulled`` would drop them) and go out with the next push, since ``pulled``
+    becomes the snapshot.
+    """
+
+    def __init__(self, model: nn.Module, snapshot: np.ndarray):
+        """Start from the global weights `snapshot`, already in `model`."""
+        self.model = model
+        self.snapshot = snapshot
+
+    def exchange(self, send: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """One push and pull: `send` takes the change and returns the global weights.
+
+        Returns:
+            The global weights received (the new snapshot).
+        """
+        current = flat_weights(self.model)
+        pulled = send(current - self.snapshot)
+        add_flat(self.model, pulled - current)
+        self.snapshot = pulled
+        return pulled
+
+
+class ParameterServer:
+    """The global weights, the sum of every node's pushes (run as a Ray actor on the head).
+
+    Attributes:
+        weights: the global fp32 weights (`flat_weights` layout).
+        base_steps: agent steps before this run (a resumed run).
+        node_steps: each node's own agent steps, as last pushed.
+        node_skipped: each node's skipped updates, as last pushed.
+        pushes: each node's number of exchanges.
+        bytes_exchanged: bytes pushed and pulled, all nodes together.
+        round_trips: each node's (exchanges timed, their total milliseconds).
+        reports: workers' training summaries sent with the pushes, until the driver takes them.
+    """
+
+    def __init__(self, weights: np.ndarray, base_steps: int = 0, base_skipped: int = 0):
+        """Start from `weights` (a fresh model's, or a resumed run's)."""
+        self.weights = np.array(weights, dtype=np.float32, copy=True)
+        self.base_steps = base_steps
+        self.base_skipped = base_skipped
+        self.node_steps: dict[str, int] = {}
+        self.node_skipped: dict[str, int] = {}
+        self.pushes: dict[str, int] = {}
+        self.bytes_exchanged = 0
+        self.round_trips: dict[str, tuple[int, float]] = {}
+        self.reports: list[dict[str, Any]] = []
+
+    def exchange(
+        self,
+        node: str,
+        change: np.ndarray,
+        steps: int,
+        skipped: int,
+        last_round_trip_ms: float | None = None,
+        reports: list[dict[str, Any]] | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """Add a node's change; return the global weights and the run's total steps.
+
+        Args:
+            node: the node's id.
+            change: its weights' change since its last exchange.
+            steps: its own agent steps so far.
+            skipped: its own skipped updates so far.
+            last_round_trip_ms: how long its previous exchange took, end to end.
+            reports: its workers' training summaries since its last exchange.
+        """
+        if change.shape != self.weights.shape:
+            raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
+        self.weights += change
+        self.pushes[node] = self.pushes.get(node, 0) + 1
+        self.node_steps[node] = steps
+        self.node_skipped[node] = skipped
+        self.bytes_exchanged += change.nbytes + self.weights.nbytes
+        if last_round_trip_ms is not None:
+            count, total = self.round_trips.get(node, (0, 0.0))
+            self.round_trips[node] = (count + 1, total + last_round_trip_ms)
+        if reports:
+            self.reports.extend(reports)
+        return self.weights, self.total_steps()
+
+    def total_steps(self) -> int:
+        """Agent steps of the whole run: before it, and every node's since."""
+        return self.base_steps + sum(self.node_steps.values())
+
+    def pull(self) -> dict[str, Any]:
+        """What the driver needs: weights, counts, and the training summaries since last time."""
+        reports, self.reports = self.reports, []
+        return {
+            "weights": self.weights,
+            "steps": self.total_steps(),
+            "skipped": self.base_skipped + sum(self.node_skipped.values()),
+            "reports": reports,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """The run record's exchange figures."""
+        count = sum(c for c, _ in self.round_trips.values())
+        total = sum(t for _, t in self.round_trips.values())
+        return {
+            "pushes_per_node": dict(self.pushes),
+            "bytes_exchanged": self.bytes_exchanged,
+            "round_trip_ms": round(total / count, 2) if count else None,
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# A node: the single-machine Hogwild pool, and its exchanges
+# ----------------------------------------------------------------------------------------------
+
+
+class NodeLauncher:
+    """One machine's Hogwild pool (run as a Ray actor pinned to that machine)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env_conf: dict[str, int],
+        server: Any,
+        node: str,
+        index: int,
+    ):
+        """Build the node's shared model from the server's weights, its optimizer, its pool.
+
+        Args:
+            config: the run's configuration (``--workers`` etc. are per node).
+            env_conf: the game's ``config.json`` entry.
+            server: the `ParameterServer` actor.
+            node: this node's Ray id.
+            index: this node's place in the run (0 = the head), for worker seeds and ranks.
+        """
+        import ray
+
+        from checkpoint import RunPaths
+        from main import Launcher
+        from model import build_model
+        from train import make_optimizer
+
+        # Workers of node i are ranks i*W .. i*W+W-1 of the run: distinct seeds everywhere.
+        self.config = dataclasses.replace(config, seed=config.seed + index * config.workers)
+        self.server = server
+        self.node = node
+        self.index = index
+        self.ray = ray
+        env = make_env(
+            config.env, env_conf, config.max_episode_length, config.skip_rate,
+            config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
+        )  # fmt: skip
+        model = build_model(env.observation_space, env.action_space, config.hidden_size)
+        shape = env.observation_space.shape
+        env.close()
+        pulled = ray.get(server.pull.remote())
+        set_flat(model, pulled["weights"])
+        model.share_memory()
+        optimizer = None
+        if config.shared_optimizer:
+            optimizer = make_optimizer(
+                model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
+            )
+            optimizer.share_memory()
+        paths = RunPaths.of(
+            config.env, config.log_dir, config.save_model_dir, config.load_model_dir, False
+        )
+        self.pool = Launcher(
+            self.config, paths, env_conf, model, optimizer, shape, "", part="workers",
+            extra_slots=1,
+        )  # fmt: skip
+        self.others_slot = config.workers  # the other nodes' steps, written by this actor only
+        self.pool.ctx.steps[self.others_slot] = pulled["steps"]
+        self.sync = WeightSync(model, pulled["weights"])
+        self.pool.on_poll = self._poll
+        self.next_sync = 0.0
+        self.round_trip_ms: float | None = None
+        self.reports: list[dict[str, Any]] = []
+
+    def _own_steps(self) -> tuple[int, int]:
+        ctx = self.pool.ctx
+        workers = self.config.workers
+        return sum(ctx.steps[:workers]), sum(ctx.skipped[:workers])
+
+    def _exchange(self) -> None:
+        started = time.monotonic()
+        steps, skipped = self._own_steps()
+        reports, self.reports = self.reports, []
+
+        def send(change: np.ndarray) -> np.ndarray:
+            weights, total = self.ray.get(
+                self.server.exchange.remote(
+                    self.node, change, steps, skipped, self.round_trip_ms, reports
+                )
+            )
+            self.pool.ctx.steps[self.others_slot] = total - steps
+            return weights
+
+        self.sync.exchange(send)
+        self.round_trip_ms = 1e3 * (time.monotonic() - started)
+
+    def _poll(self) -> None:
+        for payload in self.pool.monitor.train_window:
+            payload.pop("normalizer", None)
+            payload["rank"] = self.index * self.config.workers + int(payload["rank"])
+            self.reports.append(payload)
+        self.pool.monitor.train_window = []
+        if time.monotonic() >= self.next_sync:
+            self._exchange()
+            self.next_sync = time.monotonic() + self.config.sync_interval
+
+    def run(self) -> dict[str, Any]:
+        """Train until stopped or the step budget is spent; then one last exchange.
+
+        The workers are stopped before the last exchange, so afterwards this node's weights
+        are the server's exactly.
+
+        Returns:
+            The node's summary: id, host, workers, exchanges, why it stopped, and the largest
+            difference between its weights and the server's after the last exchange.
+        """
+        self.pool.start()
+        try:
+            self.pool.supervise()
+        finally:
+            self.pool.stop_children()
+        self._poll()
+        self._exchange()
+        final = flat_weights(self.sync.model)
+        return {
+            "node": self.node,
+            "host": os.uname().nodename,
+            "workers": self.config.workers,
+            "stop_reason": self.pool.stop_reason or "stopped",
+            "failed": self.pool.failed,
+            "max_abs_diff_to_server": float(np.abs(final - self.sync.snapshot).max()),
+        }
+
+    def stop(self) -> None:
+        """Ask the pool to stop (the driver's shutdown); `run` then returns."""
+        self.pool.ctx.request_stop()
+
+    def pid(self) -> int:
+        """This actor's process id (tests kill it to play a lost machine)."""
+        return os.getpid()
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+# ----------------------------------------------------------------------------------------------
+
+
+def import_ray() -> Any:
+    """Import Ray, or explain in one line how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            "--ray-address needs Ray, which is not installed; pip install -r "
+            "requirements-ray.txt (or drop --ray-address to train on this machine)"
+        ) from None
+    return ray
+
+
+def connect(ray: Any, address: str) -> None:
+    """Join the cluster at `address` (``auto``, ``host:port``) or start one here (``local``).
+
+    The code reaches the other machines through Ray's runtime environment: this checkout,
+    less what a node does not need (`RAY_EXCLUDES`), is uploaded once and unpacked on each.
+    """
+    runtime_env = {"working_dir": str(ROOT), "excludes": RAY_EXCLUDES}
+    try:
+        if address == "local":
+            ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+        else:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+    except ConnectionError as err:
+        raise UsageError(
+            f"--ray-address {address}: no Ray cluster answers there ({err}); start one with "
+            "'ray start --head', or use --ray-address local"
+        ) from None
+
+
+def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
+    """The alive nodes to train on, the head first; `wanted` 0 = all of them.
+
+    Raises:
+        UsageError: more nodes asked for than are alive.
+    """
+    head = ray.get_runtime_context().get_node_id()
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive.sort(key=lambda n: (n["NodeID"] != head, n["NodeID"]))
+    if wanted > len(alive):
+        raise UsageError(
+            f"--nodes {wanted} asks for more machines than the cluster has alive ({len(alive)}); "
+            f"pass --nodes {len(alive)} or fewer, or add nodes with 'ray start --address ...'"
+        )
+    return alive[:wanted] if wanted else alive
+
+
+class ClusterRun:
+    """The driver's side of a cluster run: actors, weights for the test process, node losses."""
+
+    def __init__(self, ray: Any, config: TrainConfig, launcher: Any, log: logging.Logger):
+        """Start the parameter server and one node launcher per chosen node.
+
+        Args:
+            ray: the imported, connected Ray module.
+            config: the run's configuration.
+            launcher: the driver's `main.Launcher` (part ``test``).
+            log: where node events go.
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.ray = ray
+        self.config = config
+        self.launcher = launcher
+        self.log = log
+        nodes = pick_nodes(ray, config.nodes)
+        head = nodes[0]["NodeID"]
+
+        def on(node_id: str) -> NodeAffinitySchedulingStrategy:
+            return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+        ctx = launcher.ctx
+        self.server = (
+            ray.remote(ParameterServer)
+            .options(num_cpus=0, scheduling_strategy=on(head))
+            .remote(flat_weights(launcher.shared_model), ctx.total_steps(), ctx.total_skipped())
+        )
+        node_actor = ray.remote(NodeLauncher)
+        self.nodes = {
+            node["NodeID"]: {"host": node["NodeManagerAddress"], "workers": config.workers}
+            for node in nodes
+        }
+        self.actors = {
+            node_id: node_actor.options(
+                num_cpus=0, max_concurrency=2, scheduling_strategy=on(node_id)
+            ).remote(config, launcher.env_conf, self.server, node_id, index)
+            for index, node_id in enumerate(self.nodes)
+        }
+        self.runs = {actor.run.remote(): node_id for node_id, actor in self.actors.items()}
+        self.finished: dict[str, dict[str, Any]] = {}
+        self.lost: dict[str, str] = {}
+        self.next_pull = 0.0
+        # The driver's step count is the cluster's: written here only, in its one slot.
+        self.base_steps = ctx.base_steps
+        self.base_skipped = ctx.base_skipped
+        log.info(
+            f"cluster: {len(self.nodes)} nodes x {config.workers} workers, parameter server on "
+            f"{self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s"
+        )
+
+    def pull(self) -> None:
+        """The server's weights into the driver's model (the test process plays them)."""
+        pulled = self.ray.get(self.server.pull.remote())
+        set_flat(self.launcher.shared_model, pulled["weights"])
+        ctx = self.launcher.ctx
+        ctx.steps[0] = pulled["steps"] - self.base_steps
+        ctx.skipped[0] = pulled["skipped"] - self.base_skipped
+        for payload in pulled["reports"]:
+            self.launcher.monitor.take("train", payload)
+
+    def poll(self) -> None:
+        """Every supervision round: note nodes that ended or died; pull weights when due."""
+        done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
+        for ref in done:
+            node_id = self.runs.pop(ref)
+            self._settle(node_id, ref)
+        if not self.runs and not self.launcher.ctx.stopping():
+            self.launcher.stop_reason = self.launcher.stop_reason or (
+                "every node stopped" if self.finished else "every node was lost"
+            )
+            self.launcher.failed = not self.finished
+            self.launcher.ctx.request_stop()
+        if time.monotonic() >= self.next_pull:
+            self.pull()
+            self.next_pull = time.monotonic() + self.config.sync_interval
+
+    def _settle(self, node_id: str, ref: Any) -> None:
+        host = self.nodes[node_id]["host"]
+        try:
+            self.finished[node_id] = self.ray.get(ref)
+        except self.ray.exceptions.RayError as err:
+            cause = str(err).strip().splitlines()[0][:200]
+            self.lost[node_id] = cause
+            self.log.error(
+                f"node {node_id[:12]} ({host}) lost: {cause}; the run goes on with "
+                f"{len(self.runs)} nodes"
+            )
+
+    def stop(self) -> None:
+        """Stop every node, wait for its last exchange, pull the final weights, record it all."""
+        for node_id, actor in self.actors.items():
+            if node_id not in self.finished and node_id not in self.lost:
+                actor.stop.remote()
+        deadline = time.monotonic() + STOP_SECONDS
+        while self.runs and time.monotonic() < deadline:
+            done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
+            for ref in done:
+                self._settle(self.runs.pop(ref), ref)
+        for ref, node_id in self.runs.items():
+            self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
+            self.ray.cancel(ref, force=True)
+        try:
+            self.pull()
+            stats = self.ray.get(self.server.stats.remote())
+        except self.ray.exceptions.RayError as err:
+            self.log.error(f"could not reach the parameter server at the end ({err})")
+            stats = {}
+        self.launcher.monitor.record["cluster"] = {
+            "nodes": [
+                {"id": node_id, "host": info["host"], "workers": info["workers"]}
+                for node_id, info in self.nodes.items()
+            ],
+            **stats,
+            "sync_interval": self.config.sync_interval,
+            "finished": self.finished,
+            "lost": self.lost,
+        }
+
+
+def run_cluster(config: TrainConfig) -> int:
+    """``main.py --ray-address ...``: the whole run; returns the exit code."""
+    from main import prepare
+
+    ray = import_ray()
+    log = logging.getLogger("a3g.main")
+    connect(ray, config.ray_address)
+    try:
+        launcher = prepare(config, part="test")
+        cluster = ClusterRun(ray, config, launcher, log)
+        launcher.on_poll = cluster.poll
+        launcher.before_shutdown = cluster.stop
+        return launcher.run()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,268 @@
+"""Training on a Ray cluster: the exchange arithmetic, then the real CLI on a real Ray cluster.
+
+The cluster is Ray's own one-machine cluster (`ray.cluster_utils.Cluster`): a head and one
+more node, each a real raylet with its own object store, listening on loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cluster import ParameterServer, WeightSync, add_flat, flat_weights, set_flat
+from tests.conftest import PONG, PONG_FLAGS, ROOT, folders, load_pong_dat, run_cli
+
+# Loopback only: otherwise Ray advertises this machine's interface address.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+
+def net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def hogwild_update(model: nn.Module, seed: int) -> np.ndarray:
+    """What a worker's optimizer step does to the shared model; returns the change."""
+    change = np.random.default_rng(seed).normal(size=flat_weights(model).size).astype(np.float32)
+    add_flat(model, change)
+    return change
+
+
+# -- the exchange arithmetic, without Ray -------------------------------------------------------
+
+
+def test_flat_weights_round_trip_in_place():
+    model = net(0)
+    model.share_memory()
+    storage = [p.data_ptr() for p in model.parameters()]
+    weights = flat_weights(model)
+    set_flat(model, weights * 2)
+    assert np.allclose(flat_weights(model), weights * 2)
+    assert [p.data_ptr() for p in model.parameters()] == storage  # still the shared tensors
+    with pytest.raises(ValueError, match="expected 26 weights, got 3"):
+        add_flat(model, np.zeros(3, np.float32))
+
+
+def test_updates_made_during_a_round_trip_survive_and_go_out_with_the_next_push():
+    start = flat_weights(net(0))
+    server = ParameterServer(start)
+    node = net(0)
+    sync = WeightSync(node, start.copy())
+    before = hogwild_update(node, 1)
+    during: list[np.ndarray] = []
+
+    def send(change: np.ndarray) -> np.ndarray:
+        during.append(hogwild_update(node, 2))  # a worker steps while the push is in flight
+        return server.exchange("a", change, steps=10, skipped=0)[0].copy()
+
+    sync.exchange(send)
+    assert np.allclose(server.weights, start + before, atol=1e-6)
+    # shared = pulled + what the workers did meanwhile, not pulled alone.
+    assert np.allclose(flat_weights(node), start + before + during[0], atol=1e-6)
+    sync.exchange(lambda change: server.exchange("a", change, 20, 0)[0].copy())
+    assert np.allclose(server.weights, start + before + during[0], atol=1e-6)
+    assert np.allclose(flat_weights(node), server.weights, atol=1e-6)
+
+
+def test_the_server_adds_every_nodes_push_once():
+    start = flat_weights(net(0))
+    server = ParameterServer(start, base_steps=100)
+    nodes = [net(0), net(0)]
+    syncs = [WeightSync(node, start.copy()) for node in nodes]
+    total = np.zeros_like(start)
+    for round_ in range(3):
+        for index, (node, sync) in enumerate(zip(nodes, syncs, strict=True)):
+            total += hogwild_update(node, 10 * round_ + index)
+            name = f"node{index}"
+            sync.exchange(lambda change, n=name: server.exchange(n, change, 50, 1)[0].copy())
+    for sync in syncs:  # a last exchange each, with nothing new: everyone holds the sum
+        sync.exchange(lambda change: server.exchange("any", change, 0, 0)[0].copy())
+    assert np.allclose(server.weights, start + total, atol=1e-5)  # a sum, not an average
+    for node in nodes:
+        assert np.allclose(flat_weights(node), server.weights, atol=1e-5)
+    assert server.pull()["steps"] == 100 + 50 + 50
+    assert server.stats()["pushes_per_node"] == {"node0": 3, "node1": 3, "any": 2}
+    with pytest.raises(ValueError, match="expected 26 weights"):
+        server.exchange("node0", np.zeros(5, np.float32), 0, 0)
+
+
+# -- the CLI without a cluster ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--nodes", "2"], "--nodes 2 needs --ray-address"),
+        (["--ray-address", "local", "--sync-interval", "0"], "--sync-interval must be a positive"),
+        (["--ray-address", "local", "--nodes", "-1"], "--nodes must be 0 (every node) or more"),
+    ],
+)
+def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, flags, message):
+    result = run_cli("main.py", *flags, *folders(tmp_path), timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines
+
+
+def test_without_ray_installed_ray_address_says_how_to_install_it(tmp_path):
+    (tmp_path / "ray.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "main.py", "--ray-address", "local", *folders(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "main.py: error: --ray-address needs Ray, which is not installed; pip install -r "
+        "requirements-ray.txt (or drop --ray-address to train on this machine)"
+    )
+
+
+def test_a_single_machine_run_never_imports_ray():
+    probe = "import sys, main, cli; cli.parse_train_args([]); print('ray' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+# -- a real Ray cluster: one head and one more node on this machine -----------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+CLUSTER_FLAGS = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0", "--sync-interval", "1"]
+
+
+def actor_processes() -> dict[int, int]:
+    """Pid -> parent pid of every live node launcher and its spawned children."""
+    table: dict[int, tuple[int, str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            table[int(stat.parent.name)] = (int(fields[1]), cmdline)
+    actors = {pid for pid, (_, cmd) in table.items() if "NodeLauncher" in cmd}
+    return {pid: parent for pid, (parent, _) in table.items() if pid in actors or parent in actors}
+
+
+def wait_until(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path):
+    flags = [*CLUSTER_FLAGS, "--ray-address", ray_cluster.address, *folders(tmp_path)]
+    result = run_cli("main.py", *flags, "--max-steps", "800", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cluster: 2 nodes x 1 workers" in result.stderr
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    cluster = record["cluster"]
+    ids = [node["id"] for node in cluster["nodes"]]
+    assert len(ids) == 2 and set(cluster["pushes_per_node"]) == set(ids)
+    assert all(count >= 2 for count in cluster["pushes_per_node"].values())
+    assert cluster["bytes_exchanged"] > 0 and cluster["round_trip_ms"] > 0
+    # After the last exchange every node holds exactly the server's weights.
+    assert {cluster["finished"][i]["max_abs_diff_to_server"] for i in ids} == {0.0}
+    assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
+    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+
+    evaluated = run_cli(
+        "gym_eval.py", "--env", PONG, "--num-episodes", "1", "--hidden-size", "32",
+        "--max-episode-length", "60", "--load-model-dir", str(tmp_path / "models"),
+        "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+
+    resumed = run_cli(
+        "main.py", *flags, "--max-steps", "1200", "--load",
+        "--load-model-dir", str(tmp_path / "models"), timeout=240,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {record['finished']['steps']:,}" in resumed.stderr  # resumed from its count
+    again = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert again["finished"]["steps"] >= 1200
+
+
+def start_cluster_run(ray_cluster, tmp_path: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address,
+         *folders(tmp_path), *flags],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def count_test_games(tmp_path: Path) -> int:
+    log = tmp_path / "logs" / f"{PONG}_log"
+    return log.read_text().count("episode reward") if log.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_lost_node_is_named_and_the_run_goes_on(ray_cluster, tmp_path):
+    proc = start_cluster_run(ray_cluster, tmp_path, "--max-steps", "3000")
+    try:
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
+        wait_until(lambda: count_test_games(tmp_path) >= 3, 120, "test games")
+        table = actor_processes()
+        launchers = sorted(pid for pid, parent in table.items() if parent not in table)
+        victim = launchers[-1]
+        victims_children = [pid for pid, parent in table.items() if parent == victim]
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "lost:" in stderr and "the run goes on with 1 nodes" in stderr
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert len(record["cluster"]["lost"]) == 1 and len(record["cluster"]["finished"]) == 1
+    assert record["finished"]["steps"] >= 3000
+    # The lost launcher's workers noticed it was gone and stopped by themselves.
+    wait_until(lambda: not set(victims_children) & set(actor_processes()), 30, "orphans to stop")
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_driver_stops_every_node_and_saves(ray_cluster, tmp_path):
+    proc = start_cluster_run(ray_cluster, tmp_path)  # no budget: only Ctrl-C ends it
+    try:
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
+        wait_until(lambda: count_test_games(tmp_path) >= 2, 120, "test games")
+        running = set(actor_processes())
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "stopped: SIGINT received" in stderr
+    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert len(record["cluster"]["finished"]) == 2
+    wait_until(lambda: not running & set(actor_processes()), 30, "every process of the run")
