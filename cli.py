@@ -71,6 +71,12 @@ class CommonConfig:
         negatable=True,
         help="standardise vector observations (CartPole-like envs) with running statistics",
     )
+    stall_steps: int = flag(
+        0,
+        help="end a test or evaluation game after this many agent steps in a row without a "
+        "reward, logged as stalled (e.g. 2000 for Breakout, whose ball waits for a FIRE the "
+        "agent may never press); 0: only the game's end and --max-episode-length end it",
+    )
     repeat_action_probability: float | None = flag(
         None,
         item=float,
@@ -313,6 +319,8 @@ def _validate_common(config: CommonConfig) -> None:
     ):
         require_at_least(flag_name, value)
     check_sticky_probability(config.repeat_action_probability)
+    if config.stall_steps < 0:
+        raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
 
 
 def validate_train(config: TrainConfig) -> TrainConfig:

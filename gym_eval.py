@@ -7,7 +7,6 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -19,7 +18,7 @@ from checkpoint import checkpoint_path, env_file_stem, load_weights
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config
 from model import build_model
-from player_util import Agent
+from player_util import GAME_OVER, GreedyPlayer
 from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
 
@@ -53,30 +52,6 @@ class VideoRecorder:
         """Finish the file."""
         if self.writer is not None:
             self.writer.release()
-
-
-def play_game(
-    agent: Agent,
-    on_frame: Callable[[np.ndarray], None] | None = None,
-    seed: int | None = None,
-) -> tuple[float, int]:
-    """One full greedy game (lost lives continue it); returns (reward, agent steps).
-
-    `on_frame` gets the rendered screen before every action (the env must render
-    ``rgb_array``).
-    """
-    agent.reset(seed=seed)
-    reward, length = 0.0, 0
-    while True:
-        if on_frame is not None:
-            on_frame(agent.env.render())
-        agent.action_test()
-        reward += agent.raw_reward
-        length += 1
-        if agent.real_done:
-            return reward, length
-        if agent.done:
-            agent.reset()
 
 
 class DemoFrames:
@@ -182,12 +157,13 @@ def evaluate(args: EvalConfig) -> dict:
     )
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
 
-    agent = Agent(model, env, device, clip_rewards=False)
+    player = GreedyPlayer(model, env, device)
     rewards: list[float] = []
     lengths: list[int] = []
+    endings: list[str] = []
     start = time.time()
     for game in range(1, args.num_episodes + 1):
-        agent.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
+        player.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
         recorder = None
         if args.new_gym_eval:
             recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
@@ -200,19 +176,22 @@ def evaluate(args: EvalConfig) -> dict:
                 demo.add(frame)
 
         try:
-            reward, length = play_game(
-                agent, on_frame if render_mode else None, args.seed if game == 1 else None
+            result = player.play_game(
+                args.seed if game == 1 else None,
+                args.stall_steps,
+                on_frame=on_frame if render_mode else None,
             )
         finally:
             if recorder is not None:
                 recorder.close()
         if demo is not None and demo.frames:
             write_demo(demo, Path(args.demo_dir), stem, log)
-        rewards.append(reward)
-        lengths.append(length)
+        rewards.append(result.reward)
+        lengths.append(result.length)
+        endings.append(result.ending)
         log.info(
-            f"game {game}/{args.num_episodes}: reward {reward}, length {length}, "
-            f"reward mean {statistics.fmean(rewards):.4f}"
+            f"game {game}/{args.num_episodes}: reward {result.reward}, length {result.length}, "
+            f"reward mean {statistics.fmean(rewards):.4f}{result.note()}"
         )
     summary = {
         "env": args.env,
@@ -225,6 +204,8 @@ def evaluate(args: EvalConfig) -> dict:
         "mean_length": statistics.fmean(lengths),
         "rewards": rewards,
         "lengths": lengths,
+        "endings": endings,
+        "games_not_over": sum(ending != GAME_OVER for ending in endings),
         "seed": args.seed,
         "command": " ".join(["python", *sys.argv]),
         "protocol": played,
@@ -234,9 +215,12 @@ def evaluate(args: EvalConfig) -> dict:
     }
     json_path = Path(args.log_dir) / f"{stem}_eval.json"
     json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    not_over = summary["games_not_over"]
     log.info(
         f"{args.env}: mean reward {summary['mean']:.2f} +/- {summary['std']:.2f} (std) over "
-        f"{summary['games']} games, best {summary['best']}; summary in {json_path}"
+        f"{summary['games']} games, best {summary['best']}"
+        + (f" ({not_over} cut short: time limit or stalled)" if not_over else "")
+        + f"; summary in {json_path}"
     )
     if args.new_gym_eval:
         log.info(f"videos in {video_dir}")

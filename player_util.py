@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from environment import was_real_done
+from environment import EpisodicLifeEnv, find_wrapper, was_real_done
 from fast_path import EncoderTape, act_recorded, replay_features, sequence_from_features
 from model import ActorCriticLSTM
 
@@ -473,3 +476,112 @@ class BatchAgent:
             self.tape.clear()
         self._rollout_start = None
         return self
+
+
+# ----------------------------------------------------------------------------------------------
+# Greedy play: the test process's and gym_eval.py's games
+# ----------------------------------------------------------------------------------------------
+
+
+GAME_OVER, TIME_LIMIT, STALLED, STOPPED = "game over", "time limit", "stalled", "stopped"
+
+
+@dataclass(frozen=True)
+class GameResult:
+    """One greedy game.
+
+    Attributes:
+        reward: the game's total reward, as the game gave it (not clipped).
+        length: agent steps, every life of the game together.
+        ending: `GAME_OVER`; `TIME_LIMIT` (``--max-episode-length``); `STALLED` (``--stall-steps``
+            steps in a row without a reward, e.g. Breakout waiting for a FIRE the agent never
+            presses); `STOPPED` (the caller asked to stop mid-game).
+        steps_without_reward: steps since the last non-zero reward when the game ended.
+    """
+
+    reward: float
+    length: int
+    ending: str
+    steps_without_reward: int
+
+    def note(self) -> str:
+        """What the log says after the reward when the game did not end in a game over."""
+        if self.ending == STALLED:
+            return f", stalled: no reward in {self.steps_without_reward} steps"
+        if self.ending == TIME_LIMIT:
+            return (
+                f", cut by the time limit (no reward in the last {self.steps_without_reward} steps)"
+            )
+        return ""
+
+
+class GreedyPlayer:
+    """Plays whole games with the argmax action: what the test process and gym_eval.py score.
+
+    A lost life goes on with the same game (the LSTM state starts afresh, as in training);
+    the game ends at a real game over, at the time limit, after ``stall_steps`` steps in a row
+    without a reward, or when `should_stop` says so. After a game that ended early the next
+    one starts from a real reset, not from the lost-life reset.
+    """
+
+    def __init__(self, model: nn.Module, env: gym.Env, device: torch.device | str = "cpu"):
+        """A player for `model` (on `device`) in `env`."""
+        self.model = model
+        self.env = env
+        self.device = torch.device(device)
+
+    def _state(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device).unsqueeze(0)
+
+    @torch.no_grad()
+    def play_game(
+        self,
+        seed: int | None = None,
+        stall_steps: int = 0,
+        on_frame: Callable[[np.ndarray], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> GameResult:
+        """Play one game from a real reset.
+
+        Args:
+            seed: seeds the env's reset (the first game of a run, for reproducibility).
+            stall_steps: end the game after this many steps in a row without a reward
+                (0: only the game's own end and the time limit end it).
+            on_frame: gets the rendered screen before every action (the env must render
+                ``rgb_array``).
+            should_stop: asked before every step; True ends the game as `STOPPED`.
+        """
+        force_real_reset(self.env)
+        obs, _ = self.env.reset(seed=seed)
+        state = self._state(obs)
+        hx, cx = self.model.initial_state(1, self.device)
+        reward, length, since_reward = 0.0, 0, 0
+        while True:
+            if should_stop is not None and should_stop():
+                force_real_reset(self.env)
+                return GameResult(reward, length, STOPPED, since_reward)
+            if on_frame is not None:
+                on_frame(self.env.render())
+            _, logits, hx, cx = self.model(state, hx, cx)
+            obs, step_reward, terminated, truncated, _ = self.env.step(int(logits.argmax(1)))
+            state = self._state(obs)
+            reward += float(step_reward)
+            length += 1
+            since_reward = 0 if step_reward != 0 else since_reward + 1
+            if terminated or truncated:
+                if was_real_done(self.env):
+                    ending = GAME_OVER if terminated and not truncated else TIME_LIMIT
+                    return GameResult(reward, length, ending, since_reward)
+                obs, _ = self.env.reset()  # a lost life: the same game goes on
+                state = self._state(obs)
+                hx, cx = self.model.initial_state(1, self.device)
+            if stall_steps and since_reward >= stall_steps:
+                force_real_reset(self.env)
+                return GameResult(reward, length, STALLED, since_reward)
+
+
+def force_real_reset(env: gym.Env) -> None:
+    """Make the env's next reset a real one, also mid-game (Atari's lost-life reset is not)."""
+    life = find_wrapper(env, EpisodicLifeEnv)
+    if life is not None:
+        life.was_real_done = True

@@ -14,7 +14,7 @@ from checkpoint import RunPaths, cpu_state_dict, save_atomic
 from cli import TrainConfig, as_dict
 from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
 from model import build_model
-from player_util import Agent
+from player_util import STOPPED, GreedyPlayer
 from utils import ProcessContext, child_process, format_elapsed, setup_logger, worker_device
 
 
@@ -30,8 +30,10 @@ def run_test(
 ) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
-    After each real game over: log the game (the original's line plus total steps, frames and
-    frames/s), report it to the launcher (which writes TensorBoard), save
+    After each game (`player_util.GreedyPlayer`: to a real game over, the time limit or
+    ``--stall-steps`` without a reward): log the game (the original's line plus total steps,
+    frames and frames/s, and why it ended if not by a game over), report it to the launcher
+    (which writes TensorBoard), save
     ``<save-model-dir><env>.dat`` (every game, or only on a new best with ``--save-max``),
     then wait ``--test-interval`` seconds and reload the weights. A lost life continues the
     same game. A failed save is logged and the previous file stays; testing goes on.
@@ -63,59 +65,52 @@ def run_test(
         # the workers leave, test games end sooner and score newer weights.
         model.use_channels_last()
     model.eval()
-    agent = Agent(model, env, device, clip_rewards=False)
+    player = GreedyPlayer(model, env, device)
     model.load_state_dict(shared_model.state_dict())
     load_normalizer_state(env, normalizer)
-    agent.reset(seed=config.seed)
 
     frames_per = frames_per_step(config.env, config.skip_rate)
     games = len(rewards)
     reward_total = float(sum(rewards))
     best = max(rewards, default=-math.inf)
-    reward_sum, length = 0.0, 0
+    seed: int | None = config.seed
     while not ctx.stopping():
-        agent.action_test()
-        reward_sum += agent.raw_reward
-        length += 1
-        if not agent.done:
-            continue
-        if not agent.real_done:
-            agent.reset()  # a lost life: same game, fresh LSTM state as in training
-            continue
-
+        game = player.play_game(seed, config.stall_steps, should_stop=ctx.stopping)
+        seed = None
+        if game.ending == STOPPED:
+            break
         games += 1
-        reward_total += reward_sum
+        reward_total += game.reward
         steps = ctx.total_steps()
         elapsed = time.time() - ctx.start_time
         frames = steps * frames_per
         log.info(
-            f"Time {format_elapsed(elapsed)}, episode reward {reward_sum}, "
-            f"episode length {length}, reward mean {reward_total / games:.4f}, "
+            f"Time {format_elapsed(elapsed)}, episode reward {game.reward}, "
+            f"episode length {game.length}, reward mean {reward_total / games:.4f}, "
             f"total steps {steps}, total frames {frames}, "
-            f"frames/s {frames / max(elapsed, 1e-9):.0f}"
+            f"frames/s {frames / max(elapsed, 1e-9):.0f}{game.note()}"
         )
-        best = max(best, reward_sum)
+        best = max(best, game.reward)
         ctx.report(
             "test",
             {
-                "reward": reward_sum,
-                "length": length,
+                "reward": game.reward,
+                "length": game.length,
+                "ending": game.ending,
                 "steps": steps,
                 "frames": frames,
                 "normalizer": normalizer_state(env),
             },
         )
-        if not config.save_max or reward_sum >= best:
+        if not config.save_max or game.reward >= best:
             try:
                 save_atomic(cpu_state_dict(model), paths.model)
             except OSError as err:
                 log.error(f"could not save {paths.model} ({err}); the previous file is kept")
-        reward_sum, length = 0.0, 0
 
         if ctx.wait(config.test_interval):
             break
         model.load_state_dict(shared_model.state_dict())
-        agent.reset()
     env.close()
 
 

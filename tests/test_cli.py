@@ -251,6 +251,45 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path):
+    # Breakout under sticky actions of probability 1: the reset's FIRE never registers, the
+    # ball never comes, and only --stall-steps ends a game before the time limit.
+    breakout = ["--env", "BreakoutNoFrameskip-v4", "--hidden-size", "32"]
+    stuck = ["--repeat-action-probability", "1", "--stall-steps", "50"]
+    run = subprocess.Popen(
+        [sys.executable, "main.py", *breakout, *stuck, "--workers", "1", "--test-interval", "0",
+         *folders(tmp_path)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    log_path = tmp_path / "logs" / "BreakoutNoFrameskip-v4_log"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (
+            log_path.exists() and log_path.read_text().count("stalled: no reward") >= 2
+        ):
+            time.sleep(0.5)
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr[-2000:]
+    log = log_path.read_text()
+    assert "episode length 50, " in log and "stalled: no reward in 50 steps" in log
+
+    result = run_cli(
+        "gym_eval.py", *breakout, *stuck, "--num-episodes", "2",
+        "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("stalled: no reward in 50 steps") == 2
+    assert "(2 cut short: time limit or stalled)" in result.stderr
+    summary = json.loads((tmp_path / "logs" / "BreakoutNoFrameskip-v4_eval.json").read_text())
+    assert summary["endings"] == ["stalled", "stalled"] and summary["games_not_over"] == 2
+    assert summary["lengths"] == [50, 50]
+
+
 def test_gym_eval_render_without_display_says_so(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     result = subprocess.run(

@@ -181,3 +181,85 @@ def test_fast_path_tape_buffers_are_reused_across_rollouts():
         agent.clear_actions()
         assert len(agent.tape) == 0
     assert pointers[0] == pointers[1] == pointers[2]
+
+
+# -- greedy games ------------------------------------------------------------------------------
+
+
+def breakout(config, **kwargs):
+    return make_env(
+        "BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"), **kwargs
+    )
+
+
+def random_model(env, hidden: int = 32):
+    torch.manual_seed(0)
+    return build_model(env.observation_space, env.action_space, hidden).eval()
+
+
+def test_a_game_waiting_for_fire_ends_as_stalled_and_the_next_starts_afresh(config):
+    # Sticky actions of probability 1 turn the reset's FIRE into the NOOP before it: the ball
+    # never comes, and without a stall limit the game would last until the time limit.
+    from player_util import STALLED, GreedyPlayer
+
+    env = breakout(config, repeat_action_probability=1.0)
+    player = GreedyPlayer(random_model(env), env)
+    game = player.play_game(seed=0, stall_steps=150)
+    assert (game.ending, game.reward, game.length) == (STALLED, 0.0, 150)
+    assert game.steps_without_reward == 150
+    assert game.note() == ", stalled: no reward in 150 steps"
+    assert env.unwrapped.ale.lives() == 5
+    again = player.play_game(stall_steps=40)
+    assert again.length == 40 and env.unwrapped.ale.getEpisodeFrameNumber() < 40 * 4 + 200
+
+
+def test_greedy_games_end_at_game_over_or_the_time_limit(config):
+    from player_util import GAME_OVER, TIME_LIMIT, GreedyPlayer
+
+    capped = breakout(config, max_episode_length=120)
+    game = GreedyPlayer(random_model(capped), capped).play_game(seed=0)
+    assert game.ending == TIME_LIMIT and game.length <= 120
+    assert game.note().startswith(", cut by the time limit (no reward in the last ")
+
+    # The paddle never moves (sticky NOOP), so every point is lost: a real game over.
+    pong = make_env(
+        "PongNoFrameskip-v4",
+        env_config(config, "PongNoFrameskip-v4"),
+        repeat_action_probability=1.0,
+    )
+    game = GreedyPlayer(random_model(pong), pong).play_game(seed=0)
+    assert (game.ending, game.reward, game.note()) == (GAME_OVER, -21.0, "")
+
+
+def test_a_lost_life_goes_on_with_the_same_game_and_fire_relaunches_the_ball(config):
+    # NOOP every step: each ball is missed. Only FIRE launches one, so a game over within the
+    # cap means the wrappers pressed FIRE after every lost life.
+    from player_util import GAME_OVER, GreedyPlayer
+
+    class AlwaysNoop(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def initial_state(self, batch, device=None):
+            return self.inner.initial_state(batch, device)
+
+        def forward(self, x, hx, cx):
+            value, logits, hx, cx = self.inner(x, hx, cx)
+            noop = torch.full_like(logits, -1e9)
+            noop[:, 0] = 0.0
+            return value, noop, hx, cx
+
+    env = breakout(config)
+    lives_seen = []
+    real_step = env.step
+
+    def step(action):
+        result = real_step(action)
+        lives_seen.append(env.unwrapped.ale.lives())
+        return result
+
+    env.step = step
+    game = GreedyPlayer(AlwaysNoop(random_model(env)), env).play_game(seed=0)
+    assert game.ending == GAME_OVER and game.length < 5000
+    assert sorted(set(lives_seen), reverse=True) == [5, 4, 3, 2, 1, 0]
