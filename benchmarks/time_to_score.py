@@ -1,11 +1,14 @@
 """Time to score: how long until an agent plays well, for each training configuration.
 
-For each configuration (a string of extra ``main.py`` flags), trains Pong with ``--workers``
-workers for at most ``--minutes`` of wall time, and reports the wall time and frames at which
-the mean of the last 10 test games first reached ``--score`` (18), the steady frames/s, and how
-finely the test process sampled the run. A configuration stops as soon as it reaches the score.
+For each configuration (a string of extra ``main.py`` flags), trains ``--env`` (Pong) with
+``--workers`` workers for at most ``--minutes`` of wall time, and reports the wall time and
+frames at which the mean of the last 10 test games first reached each ``--target`` (Pong: 18;
+Breakout: e.g. 50 100 200 300 400), the steady frames/s, and how finely the test process
+sampled the run. A configuration stops as soon as it reaches its highest target.
 
     python benchmarks/time_to_score.py --minutes 30 --config "" --config "--envs-per-worker 16"
+    python benchmarks/time_to_score.py --env BreakoutNoFrameskip-v4 --target 50 100 200 \
+        --minutes 120 --config "--envs-per-worker 8 --precision bf16"
 
 How the figure is kept honest: the test process plays greedy games back to back
 (``--test-interval 0``), each with the latest weights, and a game's time is when it ended, so
@@ -55,13 +58,26 @@ def steady_frames_per_s(stderr: str, warmup: float) -> float | None:
     return (f1 - f0) / max(t1 - t0, 1)
 
 
-def summarise(log: Path, score: float, window: int) -> dict:
-    """The milestone and the test process's sampling, read from a training log."""
+def summarise(log: Path, targets: list[float], window: int) -> dict:
+    """The milestones and the test process's sampling, read from a training log.
+
+    The top-level ``reached``, ``seconds``, ``frames`` and ``test_game`` are the highest
+    target's; ``milestones`` holds every target's.
+    """
     games = parse_log(log)
-    reached = first_reaching(games, score, window)
+    milestones = {}
+    for target in sorted(targets):
+        hit = first_reaching(games, target, window)
+        milestones[f"{target:g}"] = (
+            None
+            if hit is None
+            else {"seconds": hit.seconds, "frames": hit.frames, "test_game": games.index(hit) + 1}
+        )
+    reached = first_reaching(games, max(targets), window)
     means = moving_average([g.reward for g in games], window)[window - 1 :]
     gaps = [b.seconds - a.seconds for a, b in zip(games, games[1:], strict=False)]
     return {
+        "milestones": milestones,
         "reached": reached is not None,
         "seconds": reached.seconds if reached else None,
         "frames": reached.frames if reached else None,
@@ -84,10 +100,10 @@ def main_py_flags(
 
 
 def run_config(
-    extra: list[str], env: str, workers: int, minutes: float, score: float, window: int,
+    extra: list[str], env: str, workers: int, minutes: float, targets: list[float], window: int,
     test_niceness: int, seed: int, warmup: float, keep: Path | None,
 ) -> dict:  # fmt: skip
-    """Train one configuration until it reaches the score or the time budget ends.
+    """Train one configuration until it reaches its highest target or the time budget ends.
 
     The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
     or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
@@ -114,7 +130,7 @@ def run_config(
         while proc.poll() is None and time.monotonic() - started < minutes * 60:
             time.sleep(10)
             if log.exists():
-                result = summarise(log, score, window)
+                result = summarise(log, targets, window)
                 if result["reached"]:
                     break
         stopped_itself = proc.poll() is not None
@@ -122,7 +138,7 @@ def run_config(
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=120)
         reader.join(timeout=10)
-        result = summarise(log, score, window) if log.exists() else {"reached": False}
+        result = summarise(log, targets, window) if log.exists() else {"reached": False}
         stderr = "".join(stderr_lines)
         result.update(
             {
@@ -142,13 +158,19 @@ def run_config(
     return result
 
 
-def describe(row: dict, score: float, window: int) -> str:
-    """One line per configuration."""
+def describe(row: dict, targets: list[float], window: int) -> str:
+    """One line per configuration (the highest target's figure, and the lower ones reached)."""
+    score = max(targets)
     fps = f"{row['frames_per_s']:,.0f} frames/s" if row.get("frames_per_s") else "frames/s ?"
     resolution = row.get("median_seconds_per_test_game")
     sampling = f"{row.get('test_games', 0)} test games" + (
         f", one per {resolution:.0f} s" if resolution else ""
     )
+    lower = [
+        f"{target} after {hit['seconds'] / 60:.1f} min, {hit['frames']:,} frames"
+        for target, hit in (row.get("milestones") or {}).items()
+        if hit is not None and float(target) < score
+    ]
     if row.get("reached"):
         what = (
             f"mean of {window} reached {score:g} after {row['seconds'] / 60:.1f} min, "
@@ -164,6 +186,8 @@ def describe(row: dict, score: float, window: int) -> str:
                 f": main.py stopped by itself with exit code {row['exit_code']} "
                 f"({row['last_line']})"
             )
+    if lower:
+        what += f" (reached {'; '.join(lower)})"
     return f"[{row['flags'] or 'defaults'}] {what}; {fps}; {sampling}"
 
 
@@ -177,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default="PongNoFrameskip-v4")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--minutes", type=float, default=30, help="wall-time budget per config")
-    p.add_argument("--score", type=float, default=18.0)
+    p.add_argument(
+        "--target", "--score", dest="targets", type=float, nargs="+", default=[18.0],
+        help="10-game mean(s) to time; the run stops at the highest (Pong: 18)",
+    )  # fmt: skip
     p.add_argument("--window", type=int, default=10, help="test games in the mean")
     p.add_argument("--test-niceness", type=int, default=10, help="as main.py's (its default)")
     p.add_argument("--seed", type=int, default=1)
@@ -204,11 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for config in configs:
         row = run_config(
-            shlex.split(config), args.env, args.workers, args.minutes, args.score, args.window,
-            args.test_niceness, args.seed, args.warmup, args.keep_logs,
+            shlex.split(config), args.env, args.workers, args.minutes, args.targets,
+            args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs,
         )  # fmt: skip
         results.append(row)
-        print(describe(row, args.score, args.window), flush=True)
+        print(describe(row, args.targets, args.window), flush=True)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
         failed |= bool(row["stopped_itself"] and row["exit_code"])

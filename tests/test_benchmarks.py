@@ -139,3 +139,25 @@ def test_bench_conv_layers_refuses_bf16_without_the_hardware(monkeypatch, capsys
     monkeypatch.setattr(utils, "cpu_has_bf16", lambda: False)
     assert bench_conv_layers.main(["--precision", "bf16"]) == 2
     assert "use --precision fp32" in capsys.readouterr().err
+
+
+def test_time_to_score_reports_every_target_of_any_game(tmp_path):
+    rewards = [0, 10, 60, 60, 120, 130, 250]
+    lines = [" : workers: 2"] + [
+        f"Time 00h {i:02d}m 00s, episode reward {r}.0, episode length 900, reward mean 0.0, "
+        f"total steps {1000 * i}, total frames {4000 * i}, frames/s 70"
+        for i, r in enumerate(rewards, start=1)
+    ]
+    log = tmp_path / "BreakoutNoFrameskip-v4_log"
+    log.write_text("\n".join(f"2026-11-23 10:00:00,000{line}" for line in lines) + "\n")
+    result = time_to_score.summarise(log, [100, 50, 400], window=2)
+    assert result["milestones"] == {
+        "50": {"seconds": 240.0, "frames": 16000, "test_game": 4},
+        "100": {"seconds": 360.0, "frames": 24000, "test_game": 6},
+        "400": None,
+    }
+    assert not result["reached"] and result["best_window_mean"] == 190.0
+    row = {**result, "flags": "", "frames_per_s": 70.0, "wall_seconds": 420}
+    line = time_to_score.describe(row, [50, 100, 400], 2)
+    assert "did not reach 400 in 7.0 min" in line
+    assert "(reached 50 after 4.0 min, 16,000 frames; 100 after 6.0 min, 24,000 frames)" in line
