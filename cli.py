@@ -301,6 +301,52 @@ def parse_eval_args(argv: Sequence[str] | None = None) -> EvalConfig:
     return validate_eval(_parse(EvalConfig, EVAL_DESCRIPTION, argv, None))
 
 
+def flag_reference() -> str:
+    """``docs/cli.md``: every flag of main.py and gym_eval.py, from the config fields.
+
+    Generated, never hand-kept: ``python cli.py > docs/cli.md`` after changing a flag (a test
+    fails while the committed file differs from this).
+    """
+    lines = [
+        "# Command-line flags",
+        "",
+        "Generated from `cli.py` by `python cli.py > docs/cli.md`; do not edit by hand.",
+        "",
+        "- [main.py](#mainpy)",
+        "- [gym_eval.py](#gym_evalpy)",
+    ]
+    for script, config_type, description in (
+        ("main.py", TrainConfig, TRAIN_DESCRIPTION),
+        ("gym_eval.py", EvalConfig, EVAL_DESCRIPTION),
+    ):
+        lines += ["", f"## {script}", "", description, ""]
+        lines += ["| flag | short | default | meaning |", "|---|---|---|---|"]
+        for f in fields(config_type):
+            lines.append(_flag_row(f))
+    return "\n".join(lines) + "\n"
+
+
+def _flag_row(f: Field) -> str:
+    meta = f.metadata
+    name = "--" + f.name.replace("_", "-")
+    if isinstance(f.default, bool) and meta["negatable"]:
+        name += f" / --no-{f.name.replace('_', '-')}"
+    default = f.default
+    if isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif isinstance(default, tuple):
+        shown = " ".join(map(str, default)) or "(none)"
+    elif default is None or default == "":
+        shown = "(none)"
+    else:
+        shown = str(default)
+    meaning = meta["help"].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    if meta["choices"] is not None:
+        meaning += f" (one of: {', '.join(meta['choices'])})"
+    short = ", ".join(f"`{s}`" for s in meta["short"])
+    return f"| `{name}` | {short} | {shown} | {meaning} |"
+
+
 def as_dict(config: CommonConfig) -> dict[str, Any]:
     """The configuration as plain values (lists for tuples), for logs and JSON records."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
@@ -400,3 +446,7 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
             "use --new-gym-eval to record videos instead"
         )
     return config
+
+
+if __name__ == "__main__":
+    print(flag_reference(), end="")
