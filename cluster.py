@@ -64,23 +64,23 @@ def add_flat(model: nn.Module, change: np.ndarray) -> None:
     In place, so a shared-memory model stays shared and the workers' Hogwild updates made
     meanwhile are kept: they are added to, not overwritten.
     """
-    _check_size(model, change)
-    offset = 0
-    with torch.no_grad():
-        for param in model.parameters():
-            size = param.numel()
-            param.add_(torch.from_numpy(change[offset : offset + size]).view_as(param))
-            offset += size
+    _write_flat(model, change, torch.Tensor.add_)
 
 
 def set_flat(model: nn.Module, weights: np.ndarray) -> None:
     """Copy a flat vector (`flat_weights`' layout) into the parameters, in place."""
-    _check_size(model, weights)
+    _write_flat(model, weights, torch.Tensor.copy_)
+
+
+def _write_flat(
+    model: nn.Module, flat: np.ndarray, write: Callable[[torch.Tensor, torch.Tensor], object]
+) -> None:
+    _check_size(model, flat)
     offset = 0
     with torch.no_grad():
         for param in model.parameters():
             size = param.numel()
-            param.copy_(torch.from_numpy(weights[offset : offset + size]).view_as(param))
+            write(param, torch.from_numpy(flat[offset : offset + size]).view_as(param))
             offset += size
 
 
