@@ -266,3 +266,18 @@ def test_ctrl_c_on_the_driver_stops_every_node_and_saves(ray_cluster, tmp_path):
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert len(record["cluster"]["finished"]) == 2
     wait_until(lambda: not running & set(actor_processes()), 30, "every process of the run")
+
+
+@pytest.mark.slow
+def test_a_sigkilled_driver_leaves_nothing_running_on_any_node(ray_cluster, tmp_path):
+    proc = start_cluster_run(ray_cluster, tmp_path)
+    try:
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
+        running = set(actor_processes())
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Ray ends the actors the dead driver owned; their workers see their launcher gone.
+    wait_until(lambda: not running & set(actor_processes()), 60, "every process of the run")
