@@ -28,9 +28,53 @@ class LossTerms:
     entropy: torch.Tensor
 
 
-def _where(took: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor | float) -> torch.Tensor:
-    """`new` where the env took the step (everywhere when `took` is None), else `old`."""
-    return new if took is None else torch.where(took, new, old)
+def _as_steps(per_step: list[torch.Tensor] | list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-step entries (floats, (1,), (K,) or (K, 1) tensors) as one (T, K) tensor."""
+    if per_step and not torch.is_tensor(per_step[0]):
+        return torch.tensor(per_step, dtype=like.dtype, device=like.device).view(-1, 1)
+    return torch.stack([torch.as_tensor(x).reshape(-1) for x in per_step])
+
+
+@torch.no_grad()
+def discounted_targets(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap: torch.Tensor,
+    took: torch.Tensor,
+    gamma: float,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n-step returns and GAE advantages of K rollouts: a reversed scan, without autograd.
+
+    For step t, last to first, in each env that took it: ``R = gamma * R + r_t``;
+    ``delta_t = r_t + gamma * V_{t+1} - V_t``; ``gae = gae * gamma * tau + delta_t``; starting
+    from ``R = V_{T} = bootstrap`` and ``gae = 0``. An env's return, GAE and next value pass
+    unchanged through the steps after its rollout ended, which `took` marks false.
+
+    Args:
+        rewards: (T, K) training rewards.
+        values: (T, K) V(s_t), as computed for the loss.
+        bootstrap: (K,) V of the state after each env's last step, 0 where it ended an episode.
+        took: (T, K) booleans: env k took step t.
+        gamma: discount.
+        tau: GAE lambda.
+
+    Returns:
+        (returns, advantages), each (T, K).
+    """
+    ret = bootstrap.reshape(-1)
+    next_value = ret
+    gae = torch.zeros_like(ret)
+    returns = torch.empty_like(values)
+    advantages = torch.empty_like(values)
+    for t in reversed(range(values.shape[0])):
+        step = took[t]
+        ret = torch.where(step, gamma * ret + rewards[t], ret)
+        delta = rewards[t] + gamma * next_value - values[t]
+        gae = torch.where(step, gae * gamma * tau + delta, gae)
+        next_value = torch.where(step, values[t], next_value)
+        returns[t], advantages[t] = ret, gae
+    return returns, advantages
 
 
 def a3c_loss(
@@ -45,22 +89,24 @@ def a3c_loss(
     value_coef: float,
     masks: list[torch.Tensor] | None = None,
 ) -> LossTerms:
-    """The A3C loss of one rollout (or the sum over K envs' rollouts), backwards from its end.
+    """The A3C loss of one rollout (or the sum over K envs' rollouts), in two phases.
 
-    For step i, last to first: ``R = gamma * R + r_i``; the value loss adds
-    ``0.5 * (R - V_i)**2``; the GAE term is ``gae = gae * gamma * tau + delta_i`` with
-    ``delta_i = r_i + gamma * V_{i+1} - V_i`` (values detached); the policy loss subtracts
-    ``log_prob_i * gae + entropy_coef * entropy_i``. Total:
-    ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original).
+    First the targets, without autograd (`discounted_targets`): the n-step return ``R_t`` and
+    the GAE advantage ``gae_t`` of every step. Then the loss as masked sums over the steps
+    taken: the value loss ``0.5 * (R_t - V_t)**2``, the policy loss
+    ``-(log_prob_t * gae_t + entropy_coef * entropy_t)``, and the total
+    ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original). This is the
+    original's backward loop, step for step, on whole tensors.
 
     With K envs (`BatchAgent`) every per-step entry holds one row per env and `masks` says
-    which envs took step i: an env's return, GAE and next value pass unchanged through the
-    steps after its rollout ended, which add nothing to the loss. Each env's terms are then
-    exactly its own rollout's, and the total is their sum.
+    which envs took step t; the rows of steps an env did not take are dropped with
+    ``torch.where`` (never multiplied by 0), so whatever they hold, even NaN, reaches neither
+    the loss nor the gradients. Each env's terms are exactly its own rollout's, and the total
+    is their sum.
 
     Args:
-        values: V(s_i) per step, each (K, 1), with grad (K = 1 for one env).
-        log_probs: log pi(a_i | s_i) per step, each (K, 1), with grad.
+        values: V(s_t) per step, each (K, 1), with grad (K = 1 for one env).
+        log_probs: log pi(a_t | s_t) per step, each (K, 1), with grad.
         rewards: (clipped) rewards per step: floats for one env, (K, 1) tensors for K.
         entropies: policy entropy per step, (1,) for one env or (K, 1), with grad.
         bootstrap: detached V of the state after the last step, 0 where the rollout ended
@@ -69,35 +115,33 @@ def a3c_loss(
         tau: GAE lambda.
         entropy_coef: weight of the entropy bonus.
         value_coef: weight of the value loss.
-        masks: per step, (K, 1) booleans: env k took step i. None: every step counts.
+        masks: per step, (K, 1) booleans: env k took step t. None: every step counts.
     """
-    ret = bootstrap.detach()  # R, the n-step return
-    next_value = ret
-    gae = torch.zeros_like(ret)
-    policy_loss = torch.zeros_like(ret)
-    value_loss = torch.zeros_like(ret)
-    for i in reversed(range(len(rewards))):
-        took = masks[i] if masks is not None else None
-        ret = _where(took, gamma * ret + rewards[i], ret)
-        advantage = ret - values[i]
-        value_loss = value_loss + _where(took, 0.5 * advantage.pow(2), 0.0)
-        delta = rewards[i] + gamma * next_value - values[i].detach()
-        gae = _where(took, gae * gamma * tau + delta, gae)
-        policy_loss = (
-            policy_loss
-            - _where(took, log_probs[i] * gae, 0.0)
-            - _where(took, entropy_coef * entropies[i], 0.0)
-        )
-        next_value = _where(took, values[i].detach(), next_value)
-    total = (policy_loss + value_coef * value_loss).sum()
-    entropy = torch.cat(entropies).detach()
-    if masks is not None:
-        entropy = entropy[torch.cat(masks).view(entropy.shape)]
+    value = _as_steps(values, bootstrap)
+    took = (
+        torch.ones_like(value, dtype=torch.bool) if masks is None else _as_steps(masks, value)
+    )
+    zero = torch.zeros((), dtype=value.dtype, device=value.device)
+
+    def taken(per_step: torch.Tensor) -> torch.Tensor:
+        # Rows not taken become 0 before any arithmetic: a NaN there would turn the zero
+        # gradient of a later where() into NaN (0 * NaN) on its way back.
+        return torch.where(took, per_step, zero)
+
+    value = taken(value)
+    log_prob = taken(_as_steps(log_probs, bootstrap))
+    entropy = taken(_as_steps(entropies, bootstrap))
+    reward = taken(_as_steps(rewards, value))
+    returns, advantages = discounted_targets(
+        reward, value.detach(), bootstrap.detach(), took, gamma, tau
+    )
+    value_loss = torch.where(took, 0.5 * (returns - value).pow(2), zero).sum()
+    policy_loss = -torch.where(took, log_prob * advantages + entropy_coef * entropy, zero).sum()
     return LossTerms(
-        total=total,
-        policy_loss=policy_loss.detach().sum(),
-        value_loss=value_loss.detach().sum(),
-        entropy=entropy.mean(),
+        total=policy_loss + value_coef * value_loss,
+        policy_loss=policy_loss.detach(),
+        value_loss=value_loss.detach(),
+        entropy=entropy.detach()[took].mean(),
     )
 
 

@@ -57,6 +57,45 @@ def test_loss_matches_a_rollout_worked_by_hand():
         assert e.grad.item() == pytest.approx(-0.1)
 
 
+def test_rows_of_steps_not_taken_reach_neither_loss_nor_gradients_even_as_nan():
+    # Two envs; env 1 stopped after step 0. Its rows of steps 1-2 hold NaN (what a broken
+    # terminal frame forwarded by a waiting env would give): 0 * NaN would be NaN.
+    def rows(first, second, fill):
+        return [
+            torch.tensor([[a], [b if t == 0 else fill]], requires_grad=True)
+            for t, (a, b) in enumerate(zip(first, second, strict=True))
+        ]
+
+    nan = float("nan")
+    values = rows((0.5, 0.2, -0.3), (0.1, 0.0, 0.0), nan)
+    log_probs = rows((-0.1, -0.2, -0.3), (-0.7, 0.0, 0.0), nan)
+    entropies = rows((0.6, 0.5, 0.4), (0.9, 0.0, 0.0), nan)
+    rewards = [
+        torch.tensor([[1.0], [0.5]]),
+        torch.tensor([[0.0], [nan]]),
+        torch.tensor([[-1.0], [nan]]),
+    ]
+    masks = [
+        torch.tensor([[True], [True]]),
+        torch.tensor([[True], [False]]),
+        torch.tensor([[True], [False]]),
+    ]
+    terms = a3c_loss(
+        values, log_probs, rewards, entropies, torch.tensor([[0.4], [0.0]]),
+        gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5, masks=masks,
+    )  # fmt: skip
+    terms.total.backward()
+    # Env 0 is the hand-worked rollout above; env 1 a one-step episode: R = 0.5, adv 0.4.
+    assert terms.value_loss.item() == pytest.approx(0.35905728 + 0.5 * 0.4**2, abs=1e-6)
+    assert terms.policy_loss.item() == pytest.approx(-0.336635 + 0.7 * 0.4 - 0.09, abs=1e-6)
+    for per_step in (values, log_probs, entropies):
+        for t, tensor in enumerate(per_step):
+            assert torch.isfinite(tensor.grad).all()
+            if t > 0:
+                assert tensor.grad[1].item() == 0.0  # env 1 did not take steps 1 and 2
+    assert log_probs[0].grad[1].item() == pytest.approx(-0.4, abs=1e-6)
+
+
 def test_value_coef_is_really_used():
     totals = {}
     for coef in (0.0, 0.5, 2.0):
