@@ -118,9 +118,7 @@ def a3c_loss(
         masks: per step, (K, 1) booleans: env k took step t. None: every step counts.
     """
     value = _as_steps(values, bootstrap)
-    took = (
-        torch.ones_like(value, dtype=torch.bool) if masks is None else _as_steps(masks, value)
-    )
+    took = torch.ones_like(value, dtype=torch.bool) if masks is None else _as_steps(masks, value)
     zero = torch.zeros((), dtype=value.dtype, device=value.device)
 
     def taken(per_step: torch.Tensor) -> torch.Tensor:
