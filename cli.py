@@ -166,6 +166,11 @@ class TrainConfig(CommonConfig):
         "(float32 weights, LSTM and optimizer); needs a CPU with AVX512-BF16/AMX or a GPU that "
         "has bfloat16",
     )
+    bootstrap_truncated: bool = flag(
+        False,
+        help="an episode cut by the time limit (truncated, as gymnasium tells apart from "
+        "terminated) ends its return with V of its last state; off: 0, as the original",
+    )
     lr_schedule: str = flag(
         "constant",
         choices=LR_SCHEDULES,

@@ -81,6 +81,7 @@ class Agent:
         reward_scale: float = 1.0,
         fast_path: bool = False,
         bf16: bool = False,
+        bootstrap_truncated: bool = False,
     ):
         """Create an agent; call `reset` before acting.
 
@@ -92,9 +93,13 @@ class Agent:
             reward_scale: multiply the (clipped) training rewards by this.
             fast_path: train on the fast path (see `fast_path.py`) instead of the reference.
             bf16: run the encoder under bfloat16 autocast when training (``--precision bf16``).
+            bootstrap_truncated: an episode cut by a time limit (truncated, not terminated)
+                ends its return with V of its last state instead of 0 (``--bootstrap-truncated``).
         """
         self.model = model
         self.bf16 = bf16
+        self.bootstrap_truncated = bootstrap_truncated
+        self.truncated = False
         self.env = env
         self.device = torch.device(device)
         self.clip_rewards = clip_rewards
@@ -168,6 +173,7 @@ class Agent:
         obs, reward, terminated, truncated, _ = self.env.step(action)
         self.state = self._to_state(obs)
         self.done = bool(terminated or truncated)
+        self.truncated = bool(truncated and not terminated)
         self.raw_reward = float(reward)
         self.reward = training_reward(self.raw_reward, self.clip_rewards, self.reward_scale)
 
@@ -263,8 +269,12 @@ class Agent:
 
     @torch.no_grad()
     def bootstrap_value(self) -> torch.Tensor:
-        """Value of the current state (0 after a terminal step), shape (1, 1), detached."""
-        if self.done:
+        """Value of the current state, shape (1, 1), detached.
+
+        0 after the episode's end, as the original computes; with ``bootstrap_truncated``, an
+        end by a time limit (truncation) keeps the value of the state it was cut at.
+        """
+        if self.done and not (self.truncated and self.bootstrap_truncated):
             return torch.zeros(1, 1, device=self.device)
         value, _, _, _ = forward(self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16)
         return value
@@ -313,10 +323,14 @@ class BatchAgent:
         reward_scale: float = 1.0,
         fast_path: bool = False,
         bf16: bool = False,
+        bootstrap_truncated: bool = False,
     ):
         """Create the agent; call `reset` before acting. Arguments as for `Agent`."""
         self.model = model
         self.envs = envs
+        self.bootstrap_truncated = bootstrap_truncated
+        # Per env: the step of this rollout at which a time limit cut its episode, or None.
+        self.truncated_at: list[int | None] = [None] * len(envs)
         self.device = torch.device(device)
         self.clip_rewards = clip_rewards
         self.reward_scale = reward_scale
@@ -402,6 +416,8 @@ class BatchAgent:
             obs, reward, terminated, truncated, _ = env.step(actions[k])
             self._obs[k] = np.asarray(obs)
             self.done[k] = bool(terminated or truncated)
+            if truncated and not terminated:
+                self.truncated_at[k] = len(self.rewards)
             rewards[k] = training_reward(float(reward), self.clip_rewards, self.reward_scale)
         self._stack_obs()
         self.rewards.append(torch.tensor(rewards, device=self.device).unsqueeze(1))
@@ -461,15 +477,31 @@ class BatchAgent:
 
     @torch.no_grad()
     def bootstrap_value(self) -> torch.Tensor:
-        """Value of each env's current state, 0 where its episode ended; shape (K, 1)."""
+        """Value of each env's current state, 0 where its episode ended; shape (K, 1).
+
+        With ``bootstrap_truncated``, an env whose episode a time limit cut at step t keeps
+        V(s_{t+1}) of the state it was cut at: the next step's value of its row (the batch
+        forwarded that state with the LSTM state the cut left), or, when the cut came at the
+        rollout's last step, the value computed here. Call after `prepare_loss_inputs`.
+        """
         value, _, _, _ = forward(self.model, self.state, self.hx, self.cx, self.bf16)
-        done = torch.tensor(self.done, device=self.device).unsqueeze(1)
-        return torch.where(done, torch.zeros_like(value), value)
+        keep = [not done for done in self.done]
+        if self.bootstrap_truncated:
+            value = value.clone()
+            for k, step in enumerate(self.truncated_at):
+                if step is None:
+                    continue
+                keep[k] = True
+                if step + 1 < len(self.values):
+                    value[k] = self.values[step + 1][k].detach()
+        kept = torch.tensor(keep, device=self.device).unsqueeze(1)
+        return torch.where(kept, value, torch.zeros_like(value))
 
     def clear_actions(self) -> BatchAgent:
         """Empty the rollout buffers (after an update)."""
         for buffer in (self.actions, self.rewards, self.masks):
             buffer.clear()
+        self.truncated_at = [None] * len(self.envs)
         self.values, self.log_probs, self.entropies = [], [], []
         self.steps = 0
         if self.tape is not None:

@@ -460,13 +460,13 @@ def run_worker(
     if len(envs) == 1:
         agent = Agent(
             model, envs[0], device, reward_scale=config.reward_scale,
-            fast_path=config.fast_path, bf16=bf16,
+            fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
         )  # fmt: skip
         agent.reset(seed=seed)
     else:
         agent = BatchAgent(
             model, envs, device, reward_scale=config.reward_scale,
-            fast_path=config.fast_path, bf16=bf16,
+            fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
         )  # fmt: skip
         agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import pytest
 import torch
 
+from cli import parse_train_args
 from environment import (
     load_worker_normalizer_state,
     make_env,
@@ -335,3 +337,56 @@ def test_k_envs_run_through_the_cli_saves_per_env_normalisers_and_resumes(tmp_pa
         before = [env["num_steps"] for env in saved["normalizers"][rank]["envs"]]
         after = [env["num_steps"] for env in again["normalizers"][rank]["envs"]]
         assert all(a > b for a, b in zip(after, before, strict=True))
+
+
+# -- --bootstrap-truncated ------------------------------------------------------------------------
+
+
+def always_noop(model):
+    """Make the policy pick action 0 with probability 1, so sampling cannot tell K from 1."""
+    with torch.no_grad():
+        model.actor_linear.weight.zero_()
+        model.actor_linear.bias.copy_(torch.tensor([0.0] + [-1e4] * 5))
+    return model
+
+
+def cut_pong(limit: int | None):
+    args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    return env if limit is None else gym.wrappers.TimeLimit(env, limit)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+@pytest.mark.parametrize("flag", [False, True], ids=["off", "on"])
+def test_a_time_limit_cut_bootstraps_from_its_last_state_only_with_the_flag(fast, flag):
+    def model():
+        torch.manual_seed(0)
+        net = always_noop(build_model(cut_pong(None).observation_space, gym.spaces.Discrete(6), 32))
+        return net.use_channels_last() if fast else net
+
+    single = Agent(model(), cut_pong(3), fast_path=fast, bootstrap_truncated=flag)
+    single.reset(seed=3)
+    single.start_rollout()
+    assert single.play_rollout(6) == 3 and single.truncated
+    single.prepare_loss_inputs()
+    alone = single.bootstrap_value()
+
+    batch = BatchAgent(
+        model(), [cut_pong(3), cut_pong(None)], fast_path=fast, bootstrap_truncated=flag
+    )
+    batch.reset(seeds=[3, 4])
+    batch.start_rollout()
+    assert batch.play_rollout(6) == 3 + 6
+    batch.prepare_loss_inputs()
+    together = batch.bootstrap_value()
+    if flag:  # V(s_3) of the cut episode: the one-env agent's bootstrap, from the batch's rows
+        assert alone.item() != 0.0
+        assert together[0].item() == pytest.approx(alone.item(), rel=1e-4, abs=1e-6)
+    else:  # the original's computation: a cut ends the return at 0
+        assert alone.item() == 0.0 and together[0].item() == 0.0
+    assert together[1].item() != 0.0  # still playing: its own V(s_T) either way
+
+
+def test_bootstrap_truncated_is_a_flag_off_by_default():
+    assert parse_train_args([]).bootstrap_truncated is False
+    assert parse_train_args(["--bootstrap-truncated"]).bootstrap_truncated is True
