@@ -20,11 +20,29 @@ class NonFiniteError(ArithmeticError):
     """The policy came out NaN or inf (a broken observation or model); nothing was sampled."""
 
 
-def _check_finite(logits: torch.Tensor) -> None:
-    # Sampling from NaN probabilities fails on CPU and trips a device assert on CUDA, which
-    # would end the process's CUDA context; a small check per step avoids both.
-    if not bool(torch.isfinite(logits).all()):
+def sample_actions(logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """One action per row from softmax(logits), with one host/device synchronisation a step.
+
+    Sampling from NaN probabilities fails on CPU and trips a device assert on CUDA, which
+    would end the process's CUDA context: a row that is not finite is sampled from a uniform
+    stand-in instead, and whether every row was finite comes back in the same transfer as
+    the actions (one ``tolist``, not a check and a read). Finite rows are sampled exactly as
+    from the logits themselves.
+
+    Returns:
+        The actions as a (K, 1) tensor on the logits' device, and as a list.
+
+    Raises:
+        NonFiniteError: a row held a NaN or inf (the env must not be stepped).
+    """
+    logits = logits.detach()
+    finite = torch.isfinite(logits).all(1, keepdim=True)
+    safe = torch.where(finite, logits, torch.zeros_like(logits))
+    actions = F.softmax(safe, dim=1).multinomial(1)
+    *taken, all_finite = torch.cat([actions.view(-1), finite.all().view(1).long()]).tolist()
+    if not all_finite:
         raise NonFiniteError("the policy's logits hold a NaN or inf")
+    return actions, taken
 
 
 def training_reward(reward: float, clip: bool, scale: float) -> float:
@@ -201,13 +219,12 @@ class Agent:
         value, logits, self.hx, self.cx = forward(
             self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16
         )
-        _check_finite(logits)
+        action, (taken,) = sample_actions(logits)
         prob = F.softmax(logits, dim=1)
         log_prob = F.log_softmax(logits, dim=1)
         entropy = -(log_prob * prob).sum(1)
-        action = prob.multinomial(1).detach()
-        self.actions.append(int(action.item()))
-        self._step_env(self.actions[-1])
+        self.actions.append(taken)
+        self._step_env(taken)
         self.values.append(value)
         self.log_probs.append(log_prob.gather(1, action))
         self.rewards.append(self.reward)
@@ -231,9 +248,9 @@ class Agent:
         _, logits, self.hx, self.cx = act_recorded(
             self.model, self.state.unsqueeze(0), self.hx, self.cx, self.tape, self.bf16
         )
-        _check_finite(logits)
-        self.actions.append(int(F.softmax(logits, dim=1).multinomial(1).item()))
-        self._step_env(self.actions[-1])
+        _, (taken,) = sample_actions(logits)
+        self.actions.append(taken)
+        self._step_env(taken)
         self.rewards.append(self.reward)
         return self
 
@@ -403,8 +420,7 @@ class BatchAgent:
             active = [not done for done in self.done]
             if not any(active):
                 break
-            actions = self._act()
-            self._step_envs(actions.tolist(), active)
+            self._step_envs(self._act(), active)
         return self.steps
 
     def _step_envs(self, actions: list[int], active: list[bool]) -> None:
@@ -424,34 +440,33 @@ class BatchAgent:
         self.masks.append(torch.tensor(active, device=self.device).unsqueeze(1))
         self.steps += sum(active)
 
-    def _act_with_autograd(self) -> torch.Tensor:
+    def _act_with_autograd(self) -> list[int]:
         """Reference path: one batched forward with autograd; keeps the step's graph."""
         value, logits, self.hx, self.cx = forward(
             self.model, self.state, self.hx, self.cx, self.bf16
         )
-        _check_finite(logits)
+        action, taken = sample_actions(logits)
         prob = F.softmax(logits, dim=1)
         log_prob = F.log_softmax(logits, dim=1)
-        action = prob.multinomial(1).detach()
         self.actions.append(action.squeeze(1))
         self.values.append(value)
         self.log_probs.append(log_prob.gather(1, action))
         self.entropies.append(-(log_prob * prob).sum(1, keepdim=True))
-        return self.actions[-1]
+        return taken
 
     def _loss_inputs_ready(self) -> BatchAgent:
         return self
 
     @torch.no_grad()
-    def _act_recording(self) -> torch.Tensor:
+    def _act_recording(self) -> list[int]:
         """Fast path: one batched forward without autograd, recording the encoder."""
         assert self.tape is not None
         _, logits, self.hx, self.cx = act_recorded(
             self.model, self.state, self.hx, self.cx, self.tape, self.bf16
         )
-        _check_finite(logits)
-        self.actions.append(F.softmax(logits, dim=1).multinomial(1).squeeze(1))
-        return self.actions[-1]
+        action, taken = sample_actions(logits)
+        self.actions.append(action.squeeze(1))
+        return taken
 
     def _replay_rollout(self) -> BatchAgent:
         """Fast path: the K rollouts' values, log-probabilities and entropies, with autograd.

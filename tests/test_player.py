@@ -263,3 +263,17 @@ def test_a_lost_life_goes_on_with_the_same_game_and_fire_relaunches_the_ball(con
     game = GreedyPlayer(AlwaysNoop(random_model(env)), env).play_game(seed=0)
     assert game.ending == GAME_OVER and game.length < 5000
     assert sorted(set(lives_seen), reverse=True) == [5, 4, 3, 2, 1, 0]
+
+
+def test_sampling_draws_as_softmax_does_and_refuses_a_nan_row():
+    from player_util import NonFiniteError, sample_actions
+
+    logits = torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    actions, taken = sample_actions(logits)
+    torch.manual_seed(7)
+    expected = torch.softmax(logits, 1).multinomial(1)
+    assert torch.equal(actions, expected) and taken == expected.view(-1).tolist()
+    logits[3, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="NaN or inf"):
+        sample_actions(logits)  # refused without a device assert or a sampling error
