@@ -7,7 +7,7 @@ reading raw frames/s from the status lines after ``--warmup`` seconds (as
 ``bench_training.py``). The same training flags go to both. Prints and writes JSON; nothing
 is asserted. The issue's target: the cluster at >= 0.9x the single machine's frames/s.
 
-    python benchmarks/bench_cluster_overhead.py --seconds 90 --rounds 2 --flags "--amsgrad"
+    python benchmarks/bench_cluster_overhead.py --seconds 90 --rounds 2 --flags=--amsgrad
 """
 
 from __future__ import annotations
