@@ -458,7 +458,9 @@ class ClusterRun:
 
     def poll(self) -> None:
         """Every supervision round: note nodes that ended or died; pull weights when due."""
-        done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
+        done = []
+        if self.runs:
+            done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
         for ref in done:
             node_id = self.runs.pop(ref)
             self._settle(node_id, ref)
@@ -494,9 +496,9 @@ class ClusterRun:
             done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
             for ref in done:
                 self._settle(self.runs.pop(ref), ref)
-        for ref, node_id in self.runs.items():
+        for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
-            self.ray.cancel(ref, force=True)
+            self.ray.kill(self.actors[node_id])  # its workers then stop by themselves
         try:
             self.pull()
             stats = self.ray.get(self.server.stats.remote())
