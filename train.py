@@ -32,7 +32,7 @@ def _as_steps(per_step: list[torch.Tensor] | list[float], like: torch.Tensor) ->
     """Per-step entries (floats, (1,), (K,) or (K, 1) tensors) as one (T, K) tensor."""
     if per_step and not torch.is_tensor(per_step[0]):
         return torch.tensor(per_step, dtype=like.dtype, device=like.device).view(-1, 1)
-    return torch.stack([torch.as_tensor(x).reshape(-1) for x in per_step])
+    return torch.stack([x.reshape(-1) for x in per_step])  # type: ignore[union-attr]
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ in ``golden_losses.json`` were written by this file's `main` from the code of 20
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -92,11 +93,13 @@ def test_the_update_reproduces_the_golden_numbers(envs, fast):
     assert got["steps"] == golden["steps"]
     for key in ("total", "policy_loss", "value_loss", "entropy"):
         assert got[key] == pytest.approx(golden[key], rel=1e-5, abs=1e-7), key
-    for key in ("grad_sum", "grad_sq"):
-        for name, value in golden[key].items():
-            assert got[key][name] == pytest.approx(value, rel=1e-4, abs=1e-8), (key, name)
-    for name, values in golden["grad_head"].items():
-        assert got["grad_head"][name] == pytest.approx(values, rel=1e-4, abs=1e-8), name
+    for name, square in golden["grad_sq"].items():
+        # Float rounding scales with the gradient's size, not with an entry or a sum (the
+        # actor's gradient sums to 0 up to rounding, ~1e-8, which moves with the thread count).
+        scale = 1e-5 * math.sqrt(square) + 1e-9
+        assert got["grad_sq"][name] == pytest.approx(square, rel=1e-4), name
+        assert got["grad_sum"][name] == pytest.approx(golden["grad_sum"][name], abs=scale), name
+        assert got["grad_head"][name] == pytest.approx(golden["grad_head"][name], abs=scale), name
 
 
 def main() -> None:

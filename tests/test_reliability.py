@@ -426,6 +426,7 @@ def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(
 
 
 def _large_last_report(ctx: ProcessContext) -> None:
+    ctx.report("ready", {})
     while not ctx.stopping():
         time.sleep(0.05)
     ctx.report("diagnostic", {"blob": "x" * 200_000})  # over a pipe's 64 KiB: blocks until read
@@ -436,12 +437,14 @@ def test_shutdown_reads_the_last_reports_while_it_waits_for_the_children(tmp_pat
     launcher = prepare(parse_train_args([*PONG_FLAGS, "--workers", "4", *folders(tmp_path)]))
     launcher.process_target = lambda child, ctx: (_large_last_report, (ctx,))
     launcher.start()
-    time.sleep(1)
-    started = time.monotonic()
+    ready, deadline = 0, time.monotonic() + 180
+    while ready < len(launcher.children) and time.monotonic() < deadline:  # all started
+        ready += sum(kind == "ready" for _, kind, _ in launcher.channels.receive())
+        time.sleep(0.1)
+    assert ready == len(launcher.children)
     with caplog.at_level("WARNING", logger="a3g.main"):
         launcher.shutdown()
-    assert time.monotonic() - started < launcher.JOIN_SECONDS
-    assert "did not stop in time" not in caplog.text
+    assert "did not stop in time" not in caplog.text  # none had to be terminated
     assert [proc.exitcode for proc in launcher.processes.values()] == [0] * 5
     if launcher.monitor.writer is not None:
         launcher.monitor.writer.close()
