@@ -68,11 +68,14 @@ def resume_from(
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     log: logging.Logger,
+    cluster: bool = False,
 ) -> TrainingState | None:
     """``--load``: resume from the training state if there is one, else load the weights alone.
 
     With a state: the weights and the optimizer's statistics go into `shared_model` and
     `optimizer`, which keeps this command line's settings (a new ``--lr`` is used, and said).
+    `cluster`: the driver of a cluster run, whose nodes keep their own statistics (the log
+    says so).
 
     Returns:
         The training state resumed from, or None when only weights were loaded.
@@ -115,7 +118,9 @@ def resume_from(
                 f"resume: optimizer {key} was {saved_value} in the training state; "
                 f"this run uses {value} (from the command line)"
             )
-    if optimizer is None:
+    if cluster:
+        statistics = "optimizer statistics start afresh on each node (they stay on the nodes)"
+    elif optimizer is None:
         statistics = "optimizer statistics start afresh in each worker (--no-shared-optimizer)"
     elif state.optimizer is None:
         statistics = (
@@ -166,7 +171,11 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         optimizer = make_optimizer(
             shared_model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
         )
-    resumed = resume_from(paths, config, shared_model, optimizer, log) if config.load else None
+    resumed = (
+        resume_from(paths, config, shared_model, optimizer, log, cluster=part == "test")
+        if config.load
+        else None
+    )
     shared_model.share_memory()
     if optimizer is not None:
         optimizer.share_memory()
