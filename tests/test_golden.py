@@ -95,8 +95,9 @@ def test_the_update_reproduces_the_golden_numbers(envs, fast):
         assert got[key] == pytest.approx(golden[key], rel=1e-5, abs=1e-7), key
     for name, square in golden["grad_sq"].items():
         # Float rounding scales with the gradient's size, not with an entry or a sum (the
-        # actor's gradient sums to 0 up to rounding, ~1e-8, which moves with the thread count).
-        scale = 1e-5 * math.sqrt(square) + 1e-9
+        # actor's gradient sums to 0 up to rounding, ~1e-8), and moves with the thread count:
+        # one thread against two moved sums by up to 1e-5 of the gradient's norm (measured).
+        scale = 1e-4 * math.sqrt(square) + 1e-9
         assert got["grad_sq"][name] == pytest.approx(square, rel=1e-4), name
         assert got["grad_sum"][name] == pytest.approx(golden["grad_sum"][name], abs=scale), name
         assert got["grad_head"][name] == pytest.approx(golden["grad_head"][name], abs=scale), name
