@@ -1,8 +1,15 @@
-"""The acting agent: one model, one env, its LSTM state and the rollout buffers."""
+"""The acting agent: one model, K >= 1 envs, their LSTM states, and the rollout they record.
+
+One training agent (`Agent`) plays K envs in lockstep and records a `Rollout` of (T, K)
+tensors for the loss; K = 1 is the original's one env per worker and runs the same code. How
+a step acts and how the rollout's loss inputs come out is a named strategy, `ReferencePath`
+(the original's) or `FastPath` (`fast_path.py`). Greedy play (the test process and
+``gym_eval.py``) is `GreedyPlayer`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -20,7 +27,9 @@ class NonFiniteError(ArithmeticError):
     """The policy came out NaN or inf (a broken observation or model); nothing was sampled."""
 
 
-def sample_actions(logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+def sample_actions(
+    logits: torch.Tensor, probs: torch.Tensor | None = None
+) -> tuple[torch.Tensor, list[int]]:
     """One action per row from softmax(logits), with one host/device synchronisation a step.
 
     Sampling from NaN probabilities fails on CPU and trips a device assert on CUDA, which
@@ -28,6 +37,11 @@ def sample_actions(logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     stand-in instead, and whether every row was finite comes back in the same transfer as
     the actions (one ``tolist``, not a check and a read). Finite rows are sampled exactly as
     from the logits themselves.
+
+    Args:
+        logits: (K, actions) policy logits.
+        probs: ``softmax(logits)`` when the caller has it already (the reference path needs
+            it for the entropy): sampled from instead of a second softmax.
 
     Returns:
         The actions as a (K, 1) tensor on the logits' device, and as a list.
@@ -37,8 +51,11 @@ def sample_actions(logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     """
     logits = logits.detach()
     finite = torch.isfinite(logits).all(1, keepdim=True)
-    safe = torch.where(finite, logits, torch.zeros_like(logits))
-    actions = F.softmax(safe, dim=1).multinomial(1)
+    if probs is None:
+        probs = F.softmax(torch.where(finite, logits, torch.zeros_like(logits)), dim=1)
+    else:
+        probs = torch.where(finite, probs.detach(), torch.ones_like(logits))
+    actions = probs.multinomial(1)
     *taken, all_finite = torch.cat([actions.view(-1), finite.all().view(1).long()]).tolist()
     if not all_finite:
         raise NonFiniteError("the policy's logits hold a NaN or inf")
@@ -63,278 +80,236 @@ def forward(
     return model.forward_features(features.float(), hx, cx)
 
 
-class Agent:
-    """Plays one env with one model, on any device, and records a rollout for the loss.
+def policy_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(probs, log_probs, entropy)`` of the policy: (K, A), (K, A) and (K,), with grad."""
+    probs = F.softmax(logits, dim=1)
+    log_probs = F.log_softmax(logits, dim=1)
+    return probs, log_probs, -(log_probs * probs).sum(1)
 
-    Training acts on one of two paths, chosen once when the agent is made: the reference path
-    (the original's: every step's forward with autograd) or the fast path (`fast_path.py`:
-    act without autograd, recording the encoder, then replay the rollout with autograd at
-    once). Both give the same losses and gradients; the worker loop does not know which runs.
+
+# ----------------------------------------------------------------------------------------------
+# The rollout
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """K envs' rollout, what the loss needs, as (T, K) tensors on the worker's device.
+
+    Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose episode
+    ended at step t < T - 1 waited for the rest: `took` is false on its later rows, whose
+    entries the loss never reads (they may hold anything, even NaN).
 
     Attributes:
-        model: the network (the worker's own copy, or the test process's).
-        env: the environment it acts in.
-        device: where the model, the state and the rollout tensors live.
-        state: the current observation as a float32 tensor on `device`.
-        hx, cx: LSTM state, shape (1, hidden_size).
-        done: the last step ended the episode (a lost life counts in Atari training).
-        reward: the last step's training reward: clipped to [-1, 1] when ``clip_rewards``,
-            then times ``reward_scale``.
-        raw_reward: the last step's reward as the game gave it.
-        actions, rewards: the rollout's actions and training rewards since `clear_actions`.
-        values, log_probs, entropies: the rollout's loss inputs, complete after
-            `prepare_loss_inputs`.
-        tape: the fast path's record of the encoder's work (None on the reference path).
-        masks: None: every recorded step counts in the loss (see `BatchAgent` for the masks).
+        values: V(s_t), with grad.
+        log_probs: log pi(a_t | s_t), with grad.
+        entropies: the policy's entropy at s_t, with grad.
+        rewards: the training rewards (clipped, scaled).
+        took: env k took step t.
+        terminated: step t ended env k's episode (a lost life counts in Atari training).
+        truncated: a time limit cut env k's episode at step t (and it did not terminate).
+        bootstrap: (K,) detached V of the state after each env's last step: 0 where that step
+            ended its episode, except a truncation under ``--bootstrap-truncated``.
+        steps: agent steps taken, summed over the envs.
     """
 
-    masks: list[torch.Tensor] | None = None
+    values: torch.Tensor
+    log_probs: torch.Tensor
+    entropies: torch.Tensor
+    rewards: torch.Tensor
+    took: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    bootstrap: torch.Tensor
+    steps: int
 
-    def __init__(
-        self,
-        model: nn.Module,
-        env: gym.Env,
-        device: torch.device | str = "cpu",
-        clip_rewards: bool = True,
-        reward_scale: float = 1.0,
-        fast_path: bool = False,
-        bf16: bool = False,
-        bootstrap_truncated: bool = False,
-    ):
-        """Create an agent; call `reset` before acting.
 
-        Args:
-            model: the network.
-            env: the environment.
-            device: where the model lives.
-            clip_rewards: clip training rewards to [-1, 1] (the original's rule).
-            reward_scale: multiply the (clipped) training rewards by this.
-            fast_path: train on the fast path (see `fast_path.py`) instead of the reference.
-            bf16: run the encoder under bfloat16 autocast when training (``--precision bf16``).
-            bootstrap_truncated: an episode cut by a time limit (truncated, not terminated)
-                ends its return with V of its last state instead of 0 (``--bootstrap-truncated``).
-        """
-        self.model = model
+class StepRecord:
+    """The host side of a rollout: per step and env, what acting learned, in numpy arrays.
+
+    Declared once (`FIELDS`) and kept across rollouts (grown when a rollout is longer), so
+    recording a step writes K entries and allocates nothing; the arrays go to the worker's
+    device once, when the rollout ends (`to_device`), not one small copy per step.
+    """
+
+    FIELDS: dict[str, type] = {
+        "actions": np.int64,
+        "rewards": np.float32,
+        "took": np.bool_,
+        "terminated": np.bool_,
+        "truncated": np.bool_,
+    }
+
+    def __init__(self, envs: int, capacity: int = 20):
+        """Room for `capacity` steps of `envs` envs; empty."""
+        self.envs = envs
+        self.length = 0
+        self.arrays = {
+            name: np.zeros((capacity, envs), dtype) for name, dtype in self.FIELDS.items()
+        }
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """Field `name` of the steps recorded so far, shape (length, K)."""
+        return self.arrays[name][: self.length]
+
+    def next_step(self) -> dict[str, np.ndarray]:
+        """Rows of the next step (zeroed) for the caller to fill; the record grows by one step."""
+        capacity = self.arrays["took"].shape[0]
+        if self.length == capacity:
+            for name, array in self.arrays.items():
+                self.arrays[name] = np.concatenate([array, np.zeros_like(array)])
+        rows = {name: array[self.length] for name, array in self.arrays.items()}
+        for row in rows.values():
+            row[:] = 0
+        self.length += 1
+        return rows
+
+    def clear(self) -> None:
+        """Forget the recorded steps (keeps the arrays)."""
+        self.length = 0
+
+    def to_device(self, name: str, device: torch.device) -> torch.Tensor:
+        """Field `name` as a (length, K) tensor on `device` (a copy: the record is reused)."""
+        return torch.tensor(self[name], device=device)
+
+
+# ----------------------------------------------------------------------------------------------
+# How a training step acts: the two paths
+# ----------------------------------------------------------------------------------------------
+
+
+class ReferencePath:
+    """The original's way: every step's forward with autograd; the rollout keeps T graphs."""
+
+    name = "reference"
+
+    def __init__(self, bf16: bool = False):
+        """Encoder under bfloat16 autocast with `bf16` (``--precision bf16``)."""
         self.bf16 = bf16
-        self.bootstrap_truncated = bootstrap_truncated
-        self.truncated = False
-        self.env = env
-        self.device = torch.device(device)
-        self.clip_rewards = clip_rewards
-        self.reward_scale = reward_scale
-        self.state = torch.zeros(0)
-        self.hx, self.cx = model.initial_state(1, self.device)
-        self.done = True
-        self.reward = 0.0
-        self.raw_reward = 0.0
-        self.actions: list[int] = []
-        self.rewards: list[float] = []
-        self.values: list[torch.Tensor] = []
-        self.log_probs: list[torch.Tensor] = []
-        self.entropies: list[torch.Tensor] = []
-        self.tape = EncoderTape() if fast_path else None
-        self._rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
-        # The one place the path is chosen: how a training step acts, and how the rollout's
-        # loss inputs are completed.
-        if fast_path:
-            self.action_train = self._act_recording
-            self.prepare_loss_inputs = self._replay_rollout
-        else:
-            self.action_train = self._act_with_autograd
-            self.prepare_loss_inputs = self._loss_inputs_ready
+        self._values: list[torch.Tensor] = []
+        self._log_probs: list[torch.Tensor] = []
+        self._entropies: list[torch.Tensor] = []
 
-    # -- state ------------------------------------------------------------------------------
+    def begin(self, hx: torch.Tensor, cx: torch.Tensor) -> None:
+        """A new rollout starts from LSTM state (`hx`, `cx`)."""
+        self._values, self._log_probs, self._entropies = [], [], []
 
-    def _to_state(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
-
-    def reset(self, seed: int | None = None) -> None:
-        """Reset the env and the LSTM state."""
-        obs, _ = self.env.reset(seed=seed)
-        self.state = self._to_state(obs)
-        self.reset_lstm()
-        self.done = False
-
-    def reset_lstm(self) -> None:
-        """Zero the LSTM state (at the start of an episode)."""
-        self.hx, self.cx = self.model.initial_state(1, self.device)
-
-    def detach_lstm(self) -> None:
-        """Cut the graph between rollouts while keeping the LSTM's memory."""
-        self.hx = self.hx.detach()
-        self.cx = self.cx.detach()
-
-    def start_rollout(self) -> None:
-        """A new episode after one ended; otherwise go on with the LSTM state cut from the graph."""
-        if self.done:
-            self.reset()
-        else:
-            self.detach_lstm()
-
-    def restart_episodes(self) -> None:
-        """Start a fresh episode at the next rollout (after a skipped, non-finite update)."""
-        self.done = True
-
-    @property
-    def steps(self) -> int:
-        """Agent steps recorded in this rollout."""
-        return len(self.rewards)
-
-    @property
-    def real_done(self) -> bool:
-        """The episode ended with a real game over (not just a lost life)."""
-        return self.done and was_real_done(self.env)
-
-    # -- acting -----------------------------------------------------------------------------
-
-    def _step_env(self, action: int) -> None:
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        self.state = self._to_state(obs)
-        self.done = bool(terminated or truncated)
-        self.truncated = bool(truncated and not terminated)
-        self.raw_reward = float(reward)
-        self.reward = training_reward(self.raw_reward, self.clip_rewards, self.reward_scale)
-
-    def play_rollout(self, num_steps: int) -> int:
-        """Take up to `num_steps` training steps, stopping at the end of an episode.
+    def act(
+        self, model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Sample an action per row of `x` and keep the step's graph.
 
         Returns:
-            The steps taken.
+            The actions, and the LSTM state after the step.
 
         Raises:
-            NonFiniteError: the policy came out NaN or inf (the env was not stepped).
+            NonFiniteError: the policy is NaN or inf (nothing was recorded).
         """
-        for _ in range(num_steps):
-            self.action_train()
-            if self.done:
-                break
-        return len(self.rewards)
+        value, logits, hx, cx = forward(model, x, hx, cx, self.bf16)
+        probs, log_probs, entropy = policy_terms(logits)
+        action, taken = sample_actions(logits, probs)
+        self._values.append(value.view(-1))
+        self._log_probs.append(log_probs.gather(1, action).view(-1))
+        self._entropies.append(entropy)
+        return taken, hx, cx
 
-    def _act_with_autograd(self) -> Agent:
-        """Reference path: sample from the policy, step the env, keep the step's graph.
+    def loss_inputs(
+        self, model: ActorCriticLSTM, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(values, log_probs, entropies)``, each (T, K) with grad: the steps' own graphs."""
+        return torch.stack(self._values), torch.stack(self._log_probs), torch.stack(self._entropies)
 
-        Raises:
-            NonFiniteError: the policy is NaN or inf (the env was not stepped).
-        """
-        value, logits, self.hx, self.cx = forward(
-            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16
-        )
-        action, (taken,) = sample_actions(logits)
-        prob = F.softmax(logits, dim=1)
-        log_prob = F.log_softmax(logits, dim=1)
-        entropy = -(log_prob * prob).sum(1)
-        self.actions.append(taken)
-        self._step_env(taken)
-        self.values.append(value)
-        self.log_probs.append(log_prob.gather(1, action))
-        self.rewards.append(self.reward)
-        self.entropies.append(entropy)
-        return self
 
-    def _loss_inputs_ready(self) -> Agent:
-        """Reference path: acting kept every step's graph; nothing left to do."""
-        return self
+class FastPath:
+    """Act without autograd recording the encoder, then replay the rollout at once.
+
+    `fast_path.py` holds the machinery; the losses and gradients are the reference path's
+    (tested against it).
+    """
+
+    name = "fast"
+
+    def __init__(self, bf16: bool = False):
+        """Encoder under bfloat16 autocast with `bf16`; the tape records in bfloat16 then."""
+        self.bf16 = bf16
+        self.tape = EncoderTape()
+        self._start: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def begin(self, hx: torch.Tensor, cx: torch.Tensor) -> None:
+        """A new rollout starts from LSTM state (`hx`, `cx`): the replay starts there too."""
+        self.tape.clear()
+        self._start = (hx.detach(), cx.detach())
 
     @torch.no_grad()
-    def _act_recording(self) -> Agent:
-        """Fast path: sample like the reference path, without autograd, recording the encoder.
+    def act(
+        self, model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Sample an action per row of `x`, without autograd, recording the encoder.
 
         Raises:
-            NonFiniteError: the policy is NaN or inf (the env was not stepped).
+            NonFiniteError: the policy is NaN or inf.
         """
-        assert self.tape is not None
-        if self._rollout_start is None:
-            self._rollout_start = (self.hx.detach(), self.cx.detach())
-        _, logits, self.hx, self.cx = act_recorded(
-            self.model, self.state.unsqueeze(0), self.hx, self.cx, self.tape, self.bf16
-        )
-        _, (taken,) = sample_actions(logits)
-        self.actions.append(taken)
-        self._step_env(taken)
-        self.rewards.append(self.reward)
-        return self
+        _, logits, hx, cx = act_recorded(model, x, hx, cx, self.tape, self.bf16)
+        _, taken = sample_actions(logits)
+        return taken, hx, cx
 
-    def _replay_rollout(self) -> Agent:
-        """Fast path: the rollout's values, log-probabilities and entropies, with autograd.
+    def loss_inputs(
+        self, model: ActorCriticLSTM, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(values, log_probs, entropies)``, each (T, K) with grad, from the tape.
 
         The recorded encoder features (`replay_features`, which backpropagates into the conv
-        weights without a second forward) go through the LSTM as one sequence from the
-        rollout's starting state. That gives the values and policy the per-step forwards gave
-        (the weights have not changed since), so the loss and its gradients are those of the
-        reference path.
+        weights without a second forward) go through the fused LSTM as one sequence from the
+        rollout's starting state: the values and policies the per-step forwards gave (the
+        weights have not changed since), so the loss and gradients are the reference path's.
+        A waiting env's rows (fed blank frames) compute numbers the loss never reads, and
+        cannot reach the steps before them.
         """
-        if self._rollout_start is None or self.tape is None:
+        if self._start is None or not len(self.tape):
             raise RuntimeError("replaying a rollout needs fast-path steps first")
-        hx, cx = self._rollout_start
-        features = replay_features(self.model, self.tape, self.bf16)
-        values, logits = sequence_from_features(self.model, features, hx, cx)
-        log_prob = F.log_softmax(logits, dim=1)
-        prob = F.softmax(logits, dim=1)
-        entropy = -(log_prob * prob).sum(1)
-        actions = torch.tensor(self.actions, device=self.device).unsqueeze(1)
-        self.values = list(values.split(1))
-        self.log_probs = list(log_prob.gather(1, actions).split(1))
-        self.entropies = list(entropy.split(1))
-        return self
-
-    @torch.no_grad()
-    def action_test(self) -> Agent:
-        """Take the greedy (argmax) action and step the env; nothing is recorded."""
-        _, logits, self.hx, self.cx = self.model(self.state.unsqueeze(0), self.hx, self.cx)
-        self._step_env(int(logits.argmax(1).item()))
-        return self
-
-    @torch.no_grad()
-    def bootstrap_value(self) -> torch.Tensor:
-        """Value of the current state, shape (1, 1), detached.
-
-        0 after the episode's end, as the original computes; with ``bootstrap_truncated``, an
-        end by a time limit (truncation) keeps the value of the state it was cut at.
-        """
-        if self.done and not (self.truncated and self.bootstrap_truncated):
-            return torch.zeros(1, 1, device=self.device)
-        value, _, _, _ = forward(self.model, self.state.unsqueeze(0), self.hx, self.cx, self.bf16)
-        return value
-
-    def clear_actions(self) -> Agent:
-        """Empty the rollout buffers (after an update)."""
-        self.actions.clear()
-        self.rewards.clear()
-        self.values = []
-        self.log_probs = []
-        self.entropies = []
-        if self.tape is not None:
-            self.tape.clear()
-        self._rollout_start = None
-        return self
+        hx, cx = self._start
+        steps, envs = actions.shape
+        features = replay_features(model, self.tape, self.bf16)
+        values, logits = sequence_from_features(model, features, hx, cx)
+        _, log_probs, entropy = policy_terms(logits)
+        log_prob = log_probs.gather(1, actions.reshape(-1, 1))  # step-major, as the tape
+        return values.view(steps, envs), log_prob.view(steps, envs), entropy.view(steps, envs)
 
 
-class BatchAgent:
-    """Plays K envs in lockstep with one model: one batched forward acts for all of them.
+TrainingPath = ReferencePath | FastPath
 
-    Each env plays its own rollout as `Agent` does (up to n steps, stopping at the end of its
-    episode, its own LSTM state); an env whose episode ended waits, masked out, until the
-    others finish the rollout. The K rollouts make one update: the loss is the sum of the K
-    rollouts' losses (`train.a3c_loss` with ``masks``). Training only; the test process and
-    ``gym_eval.py`` play one env with `Agent`.
 
-    Per-step buffers hold one row per env: ``values[t]``, ``log_probs[t]``, ``rewards[t]`` and
-    ``entropies[t]`` are (K, 1) tensors, ``masks[t]`` (K, 1) booleans, true where env k took
-    step t.
+# ----------------------------------------------------------------------------------------------
+# The training agent
+# ----------------------------------------------------------------------------------------------
+
+
+class Agent:
+    """Plays K >= 1 envs in lockstep with one model and records their rollout for the loss.
+
+    Each env plays its own rollout (up to n steps, stopping at the end of its episode, its own
+    LSTM state); one batched forward acts for all of them. An env whose episode ended waits
+    for the others: from then on its row of the batch is a blank (all-zero) frame, never its
+    terminal one, so a broken terminal observation cannot make the whole batch's policy NaN,
+    and its rows of the rollout are ones the loss does not read. The K rollouts make one
+    update (`train.a3c_loss`: the sum of the K rollouts' losses). K = 1 is the original's
+    worker, with the same code.
+
+    A rollout: `start_rollout`, `play_rollout`, `rollout` (the loss inputs, on the chosen
+    path); the next `start_rollout` forgets it.
 
     Attributes:
         model, envs, device: the network, the K environments, where tensors live.
-        state: the current observations, shape (K, *observation_shape).
+        path: how a step acts and how the loss inputs come out (`ReferencePath`, `FastPath`).
+        record: the host side of the rollout being played (`StepRecord`).
         hx, cx: LSTM states, shape (K, hidden_size).
         done: per env, its last step ended its episode (it resets at the next rollout).
-        actions: per step, the (K,) actions taken (inactive envs' entries are unused).
-        tape: the fast path's record of the encoder (None on the reference path).
     """
 
     def __init__(
         self,
         model: ActorCriticLSTM,
-        envs: list[gym.Env],
+        envs: Sequence[gym.Env],
         device: torch.device | str = "cpu",
         clip_rewards: bool = True,
         reward_scale: float = 1.0,
@@ -342,68 +317,93 @@ class BatchAgent:
         bf16: bool = False,
         bootstrap_truncated: bool = False,
     ):
-        """Create the agent; call `reset` before acting. Arguments as for `Agent`."""
+        """Create the agent; call `reset` before acting.
+
+        Args:
+            model: the network.
+            envs: the environments (one or more).
+            device: where the model lives.
+            clip_rewards: clip training rewards to [-1, 1] (the original's rule).
+            reward_scale: multiply the (clipped) training rewards by this.
+            fast_path: train on the fast path (`FastPath`) instead of the reference.
+            bf16: run the encoder under bfloat16 autocast when training (``--precision bf16``).
+            bootstrap_truncated: an episode cut by a time limit (truncated, not terminated)
+                ends its return with V of its last state instead of 0 (``--bootstrap-truncated``).
+        """
+        if not envs:
+            raise ValueError("an agent needs at least one env")
         self.model = model
-        self.envs = envs
-        self.bootstrap_truncated = bootstrap_truncated
-        # Per env: the step of this rollout at which a time limit cut its episode, or None.
-        self.truncated_at: list[int | None] = [None] * len(envs)
+        self.envs = list(envs)
         self.device = torch.device(device)
         self.clip_rewards = clip_rewards
         self.reward_scale = reward_scale
+        self.bootstrap_truncated = bootstrap_truncated
+        self.path: TrainingPath = FastPath(bf16) if fast_path else ReferencePath(bf16)
         self.bf16 = bf16
-        self.hx, self.cx = model.initial_state(len(envs), self.device)
-        self.state = torch.zeros(0)
+        self.record = StepRecord(len(self.envs))
+        self.hx, self.cx = model.initial_state(len(self.envs), self.device)
+        self.done = [True] * len(self.envs)
         self._obs: list[np.ndarray] = []
-        self.done = [True] * len(envs)
-        self.actions: list[torch.Tensor] = []
-        self.rewards: list[torch.Tensor] = []
-        self.masks: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.log_probs: list[torch.Tensor] = []
-        self.entropies: list[torch.Tensor] = []
-        self.steps = 0
-        self.tape = EncoderTape() if fast_path else None
-        self._rollout_start: tuple[torch.Tensor, torch.Tensor] | None = None
-        if fast_path:
-            self._act = self._act_recording
-            self.prepare_loss_inputs = self._replay_rollout
-        else:
-            self._act = self._act_with_autograd
-            self.prepare_loss_inputs = self._loss_inputs_ready
+        self._blank: np.ndarray | None = None
+        # Per env cut by a time limit in this rollout: its LSTM state right after the cut
+        # (the state it would have gone on with), for --bootstrap-truncated.
+        self._cut: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- state ------------------------------------------------------------------------------
 
-    def _stack_obs(self) -> None:
-        # A new tensor every step: the reference path's graphs keep the old ones.
-        self.state = torch.as_tensor(np.stack(self._obs, dtype=np.float32), device=self.device)
+    def _frames(self, rows: Sequence[bool]) -> torch.Tensor:
+        """The envs' current observations as one batch on the device; blank where not `rows`.
 
-    def reset(self, seeds: list[int] | None = None) -> None:
+        A new tensor every step: the reference path's graphs keep the old ones.
+        """
+        assert self._blank is not None
+        batch = np.stack(
+            [obs if row else self._blank for obs, row in zip(self._obs, rows, strict=True)]
+        )
+        return torch.as_tensor(batch, device=self.device)
+
+    def _observe(self, k: int, obs: np.ndarray) -> None:
+        self._obs[k] = np.asarray(obs, dtype=np.float32)
+
+    def reset(self, seeds: Sequence[int | None] | None = None) -> None:
         """Reset every env (env k with ``seeds[k]``) and zero every LSTM state."""
         self._obs = [
-            np.asarray(env.reset(seed=None if seeds is None else seeds[k])[0])
+            np.asarray(env.reset(seed=None if seeds is None else seeds[k])[0], dtype=np.float32)
             for k, env in enumerate(self.envs)
         ]
-        self._stack_obs()
+        self._blank = np.zeros_like(self._obs[0])
         self.hx, self.cx = self.model.initial_state(len(self.envs), self.device)
         self.done = [False] * len(self.envs)
 
     def start_rollout(self) -> None:
-        """Reset the envs whose episode ended (and their LSTM state); detach the others'."""
-        hx, cx = self.hx.detach().clone(), self.cx.detach().clone()
-        for k, env in enumerate(self.envs):
-            if self.done[k]:
-                self._obs[k] = np.asarray(env.reset()[0])
-                hx[k] = 0.0
-                cx[k] = 0.0
-                self.done[k] = False
-        self._stack_obs()
+        """Begin a rollout: envs whose episode ended start a new one (LSTM state zeroed).
+
+        The others go on, their LSTM state cut from the last rollout's graph.
+        """
+        if not self._obs:
+            raise RuntimeError("reset() the agent before its first rollout")
+        hx, cx = self.hx.detach(), self.cx.detach()
+        if any(self.done):
+            hx, cx = hx.clone(), cx.clone()
+            for k, env in enumerate(self.envs):
+                if self.done[k]:
+                    self._observe(k, env.reset()[0])
+                    hx[k] = 0.0
+                    cx[k] = 0.0
+                    self.done[k] = False
         self.hx, self.cx = hx, cx
-        self._rollout_start = (hx, cx)
+        self.record.clear()
+        self._cut = {}
+        self.path.begin(hx, cx)
 
     def restart_episodes(self) -> None:
         """Start fresh episodes in every env at the next rollout (after a skipped update)."""
         self.done = [True] * len(self.envs)
+
+    @property
+    def steps(self) -> int:
+        """Agent steps recorded in this rollout, summed over the envs."""
+        return int(self.record["took"].sum())
 
     # -- acting -----------------------------------------------------------------------------
 
@@ -420,109 +420,70 @@ class BatchAgent:
             active = [not done for done in self.done]
             if not any(active):
                 break
-            self._step_envs(self._act(), active)
+            taken, self.hx, self.cx = self.path.act(
+                self.model, self._frames(active), self.hx, self.cx
+            )
+            self._step_envs(taken, active)
         return self.steps
 
     def _step_envs(self, actions: list[int], active: list[bool]) -> None:
-        """Step the active envs; record the step's rewards and mask."""
-        rewards = [0.0] * len(self.envs)
+        """Step the active envs; record the step on the host."""
+        rows = self.record.next_step()
+        rows["actions"][:] = actions
+        rows["took"][:] = active
         for k, env in enumerate(self.envs):
             if not active[k]:
                 continue
             obs, reward, terminated, truncated, _ = env.step(actions[k])
-            self._obs[k] = np.asarray(obs)
+            self._observe(k, obs)
+            cut = bool(truncated and not terminated)
             self.done[k] = bool(terminated or truncated)
-            if truncated and not terminated:
-                self.truncated_at[k] = len(self.rewards)
-            rewards[k] = training_reward(float(reward), self.clip_rewards, self.reward_scale)
-        self._stack_obs()
-        self.rewards.append(torch.tensor(rewards, device=self.device).unsqueeze(1))
-        self.masks.append(torch.tensor(active, device=self.device).unsqueeze(1))
-        self.steps += sum(active)
+            rows["terminated"][k] = bool(terminated)
+            rows["truncated"][k] = cut
+            rows["rewards"][k] = training_reward(
+                float(reward), self.clip_rewards, self.reward_scale
+            )
+            if cut and self.bootstrap_truncated:
+                self._cut[k] = (self.hx[k].detach().clone(), self.cx[k].detach().clone())
 
-    def _act_with_autograd(self) -> list[int]:
-        """Reference path: one batched forward with autograd; keeps the step's graph."""
-        value, logits, self.hx, self.cx = forward(
-            self.model, self.state, self.hx, self.cx, self.bf16
+    # -- the loss inputs --------------------------------------------------------------------
+
+    def rollout(self) -> Rollout:
+        """The rollout just played, as (T, K) tensors for the loss, on the chosen path."""
+        actions = self.record.to_device("actions", self.device)
+        values, log_probs, entropies = self.path.loss_inputs(self.model, actions)
+        return Rollout(
+            values=values,
+            log_probs=log_probs,
+            entropies=entropies,
+            rewards=self.record.to_device("rewards", self.device),
+            took=self.record.to_device("took", self.device),
+            terminated=self.record.to_device("terminated", self.device),
+            truncated=self.record.to_device("truncated", self.device),
+            bootstrap=self.bootstrap_value(),
+            steps=self.steps,
         )
-        action, taken = sample_actions(logits)
-        prob = F.softmax(logits, dim=1)
-        log_prob = F.log_softmax(logits, dim=1)
-        self.actions.append(action.squeeze(1))
-        self.values.append(value)
-        self.log_probs.append(log_prob.gather(1, action))
-        self.entropies.append(-(log_prob * prob).sum(1, keepdim=True))
-        return taken
-
-    def _loss_inputs_ready(self) -> BatchAgent:
-        return self
-
-    @torch.no_grad()
-    def _act_recording(self) -> list[int]:
-        """Fast path: one batched forward without autograd, recording the encoder."""
-        assert self.tape is not None
-        _, logits, self.hx, self.cx = act_recorded(
-            self.model, self.state, self.hx, self.cx, self.tape, self.bf16
-        )
-        action, taken = sample_actions(logits)
-        self.actions.append(action.squeeze(1))
-        return taken
-
-    def _replay_rollout(self) -> BatchAgent:
-        """Fast path: the K rollouts' values, log-probabilities and entropies, with autograd.
-
-        The fused LSTM runs all T steps for every env; the steps an env did not take (after its
-        episode ended) compute numbers the masks keep out of the loss, and cannot reach the
-        steps before them.
-        """
-        if self._rollout_start is None or self.tape is None or not len(self.tape):
-            raise RuntimeError("replaying a rollout needs fast-path steps first")
-        hx, cx = self._rollout_start
-        features = replay_features(self.model, self.tape, self.bf16)
-        values, logits = sequence_from_features(self.model, features, hx, cx)
-        log_prob = F.log_softmax(logits, dim=1)
-        prob = F.softmax(logits, dim=1)
-        entropy = -(log_prob * prob).sum(1, keepdim=True)
-        actions = torch.stack(self.actions).view(-1, 1)  # step-major, as the tape
-        batch = len(self.envs)
-        self.values = list(values.split(batch))
-        self.log_probs = list(log_prob.gather(1, actions).split(batch))
-        self.entropies = list(entropy.split(batch))
-        return self
 
     @torch.no_grad()
     def bootstrap_value(self) -> torch.Tensor:
-        """Value of each env's current state, 0 where its episode ended; shape (K, 1).
+        """V of each env's current state, 0 where its episode ended; shape (K,), detached.
 
-        With ``bootstrap_truncated``, an env whose episode a time limit cut at step t keeps
-        V(s_{t+1}) of the state it was cut at: the next step's value of its row (the batch
-        forwarded that state with the LSTM state the cut left), or, when the cut came at the
-        rollout's last step, the value computed here. Call after `prepare_loss_inputs`.
+        With ``bootstrap_truncated``, an env whose episode a time limit cut keeps the value of
+        the state it was cut at, with the LSTM state the cut left it. One batched forward of
+        the envs that keep a value; none when every episode ended.
         """
-        value, _, _, _ = forward(self.model, self.state, self.hx, self.cx, self.bf16)
         keep = [not done for done in self.done]
-        if self.bootstrap_truncated:
-            value = value.clone()
-            for k, step in enumerate(self.truncated_at):
-                if step is None:
-                    continue
+        hx, cx = self.hx.detach(), self.cx.detach()
+        if self._cut:
+            hx, cx = hx.clone(), cx.clone()
+            for k, (cut_hx, cut_cx) in self._cut.items():
                 keep[k] = True
-                if step + 1 < len(self.values):
-                    value[k] = self.values[step + 1][k].detach()
-        kept = torch.tensor(keep, device=self.device).unsqueeze(1)
-        return torch.where(kept, value, torch.zeros_like(value))
-
-    def clear_actions(self) -> BatchAgent:
-        """Empty the rollout buffers (after an update)."""
-        for buffer in (self.actions, self.rewards, self.masks):
-            buffer.clear()
-        self.truncated_at = [None] * len(self.envs)
-        self.values, self.log_probs, self.entropies = [], [], []
-        self.steps = 0
-        if self.tape is not None:
-            self.tape.clear()
-        self._rollout_start = None
-        return self
+                hx[k], cx[k] = cut_hx, cut_cx
+        if not any(keep):
+            return torch.zeros(len(self.envs), device=self.device)
+        value, _, _, _ = forward(self.model, self._frames(keep), hx, cx, self.bf16)
+        kept = torch.tensor(keep, device=self.device)
+        return torch.where(kept, value.view(-1), torch.zeros((), device=self.device))
 
 
 # ----------------------------------------------------------------------------------------------

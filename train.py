@@ -13,7 +13,7 @@ from torch import nn
 from cli import TrainConfig
 from environment import load_worker_normalizer_state, make_env, worker_normalizer_state
 from model import build_model
-from player_util import Agent, BatchAgent, NonFiniteError
+from player_util import Agent, NonFiniteError, Rollout
 from shared_optim import SharedAdam, SharedRMSprop, scheduled_lr, set_lr
 from utils import FatalRunError, ProcessContext, child_process, worker_device
 
@@ -26,13 +26,6 @@ class LossTerms:
     policy_loss: torch.Tensor
     value_loss: torch.Tensor
     entropy: torch.Tensor
-
-
-def _as_steps(per_step: list[torch.Tensor] | list[float], like: torch.Tensor) -> torch.Tensor:
-    """Per-step entries (floats, (1,), (K,) or (K, 1) tensors) as one (T, K) tensor."""
-    if per_step and not torch.is_tensor(per_step[0]):
-        return torch.tensor(per_step, dtype=like.dtype, device=like.device).view(-1, 1)
-    return torch.stack([x.reshape(-1) for x in per_step])  # type: ignore[union-attr]
 
 
 @torch.no_grad()
@@ -78,18 +71,9 @@ def discounted_targets(
 
 
 def a3c_loss(
-    values: list[torch.Tensor],
-    log_probs: list[torch.Tensor],
-    rewards: list[float] | list[torch.Tensor],
-    entropies: list[torch.Tensor],
-    bootstrap: torch.Tensor,
-    gamma: float,
-    tau: float,
-    entropy_coef: float,
-    value_coef: float,
-    masks: list[torch.Tensor] | None = None,
+    rollout: Rollout, gamma: float, tau: float, entropy_coef: float, value_coef: float
 ) -> LossTerms:
-    """The A3C loss of one rollout (or the sum over K envs' rollouts), in two phases.
+    """The A3C loss of K envs' rollouts (the sum of each env's own), in two phases.
 
     First the targets, without autograd (`discounted_targets`): the n-step return ``R_t`` and
     the GAE advantage ``gae_t`` of every step. Then the loss as masked sums over the steps
@@ -98,40 +82,32 @@ def a3c_loss(
     ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original). This is the
     original's backward loop, step for step, on whole tensors.
 
-    With K envs (`BatchAgent`) every per-step entry holds one row per env and `masks` says
-    which envs took step t; the rows of steps an env did not take are dropped with
+    The entries of steps an env did not take (``rollout.took`` false) are dropped with
     ``torch.where`` (never multiplied by 0), so whatever they hold, even NaN, reaches neither
-    the loss nor the gradients. Each env's terms are exactly its own rollout's, and the total
-    is their sum.
+    the loss nor the gradients. Each env's terms are exactly its own rollout's.
 
     Args:
-        values: V(s_t) per step, each (K, 1), with grad (K = 1 for one env).
-        log_probs: log pi(a_t | s_t) per step, each (K, 1), with grad.
-        rewards: (clipped) rewards per step: floats for one env, (K, 1) tensors for K.
-        entropies: policy entropy per step, (1,) for one env or (K, 1), with grad.
-        bootstrap: detached V of the state after the last step, 0 where the rollout ended
-            an episode; shape (K, 1).
+        rollout: the (T, K) values, log-probabilities and entropies (with grad), rewards,
+            steps taken and bootstrap values.
         gamma: discount.
         tau: GAE lambda.
         entropy_coef: weight of the entropy bonus.
         value_coef: weight of the value loss.
-        masks: per step, (K, 1) booleans: env k took step t. None: every step counts.
     """
-    value = _as_steps(values, bootstrap)
-    took = torch.ones_like(value, dtype=torch.bool) if masks is None else _as_steps(masks, value)
-    zero = torch.zeros((), dtype=value.dtype, device=value.device)
+    took = rollout.took
+    zero = torch.zeros((), dtype=rollout.values.dtype, device=rollout.values.device)
 
     def taken(per_step: torch.Tensor) -> torch.Tensor:
         # Rows not taken become 0 before any arithmetic: a NaN there would turn the zero
         # gradient of a later where() into NaN (0 * NaN) on its way back.
         return torch.where(took, per_step, zero)
 
-    value = taken(value)
-    log_prob = taken(_as_steps(log_probs, bootstrap))
-    entropy = taken(_as_steps(entropies, bootstrap))
-    reward = taken(_as_steps(rewards, value))
+    value = taken(rollout.values)
+    log_prob = taken(rollout.log_probs)
+    entropy = taken(rollout.entropies)
+    reward = taken(rollout.rewards)
     returns, advantages = discounted_targets(
-        reward, value.detach(), bootstrap.detach(), took, gamma, tau
+        reward, value.detach(), rollout.bootstrap.detach(), took, gamma, tau
     )
     value_loss = torch.where(took, 0.5 * (returns - value).pow(2), zero).sum()
     policy_loss = -torch.where(took, log_prob * advantages + entropy_coef * entropy, zero).sum()
@@ -456,19 +432,11 @@ def run_worker(
     if config.fast_path and model.channels_last_suits(device, bf16):
         model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
     model.train()
-    agent: Agent | BatchAgent
-    if len(envs) == 1:
-        agent = Agent(
-            model, envs[0], device, reward_scale=config.reward_scale,
-            fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
-        )  # fmt: skip
-        agent.reset(seed=seed)
-    else:
-        agent = BatchAgent(
-            model, envs, device, reward_scale=config.reward_scale,
-            fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
-        )  # fmt: skip
-        agent.reset(seeds=seeds)
+    agent = Agent(
+        model, envs, device, reward_scale=config.reward_scale,
+        fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
+    )  # fmt: skip
+    agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -491,13 +459,11 @@ def run_worker(
         try:
             agent.play_rollout(num_steps)
             lap("act+env")
-            agent.prepare_loss_inputs()
+            rollout = agent.rollout()
             lap("replay")
             terms = a3c_loss(
-                agent.values, agent.log_probs, agent.rewards, agent.entropies,
-                agent.bootstrap_value(),
-                config.gamma, config.tau, config.entropy_coef, config.value_coef, agent.masks,
-            )  # fmt: skip
+                rollout, config.gamma, config.tau, config.entropy_coef, config.value_coef
+            )
             lap("loss")
             model.zero_grad(set_to_none=True)
             terms.total.backward()
@@ -507,7 +473,6 @@ def run_worker(
         except NonFiniteError:  # the policy itself: nothing was sampled
             finite = False
         ctx.add_steps(agent.steps)
-        agent.clear_actions()
 
         if not guard.passed(finite):  # skipped: the shared model never sees it
             agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh

@@ -3,8 +3,8 @@
 Any rewrite of the acting agent or the loss must reproduce them to float precision: K=1 and
 K=3, the fast and the reference path, on Pong from fixed seeds, with an episode ending
 mid-rollout (an 11-step time limit cuts the one env, or the middle one of three, 3 steps into
-the second rollout). The numbers
-in ``golden_losses.json`` were written by this file's `main` from the code of 2026-11-23; run
+the second rollout). The numbers in ``golden_losses.json`` were written by this file's `main`
+from the code of 2026-11-23, before one `Agent` replaced the one-env and the K-env agents; run
 ``python tests/test_golden.py --write`` only when a change of the numbers is intended.
 """
 
@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from environment import env_config, make_env, read_config  # noqa: E402
 from model import build_model  # noqa: E402
-from player_util import Agent, BatchAgent  # noqa: E402
+from player_util import Agent  # noqa: E402
 from train import a3c_loss  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("golden_losses.json")
@@ -53,22 +53,14 @@ def golden_update(envs: int, fast: bool) -> dict[str, object]:
     model = build_model(games[0].observation_space, games[0].action_space, 32)
     if fast:
         model.use_channels_last()
-    if envs == 1:
-        agent = Agent(model, games[0], fast_path=fast)
-        agent.reset(seed=3)
-    else:
-        agent = BatchAgent(model, games, fast_path=fast)
-        agent.reset(seeds=[3 + k for k in range(envs)])
+    agent = Agent(model, games, fast_path=fast)
+    agent.reset(seeds=[3 + k for k in range(envs)])
     torch.manual_seed(42)
     result: dict[str, object] = {}
     for _ in range(2):
         agent.start_rollout()
         taken = agent.play_rollout(STEPS)
-        agent.prepare_loss_inputs()
-        terms = a3c_loss(
-            agent.values, agent.log_probs, agent.rewards, agent.entropies,
-            agent.bootstrap_value(), GAMMA, TAU, ENTROPY_COEF, VALUE_COEF, agent.masks,
-        )  # fmt: skip
+        terms = a3c_loss(agent.rollout(), GAMMA, TAU, ENTROPY_COEF, VALUE_COEF)
         model.zero_grad(set_to_none=True)
         terms.total.backward()
         grads = {name: p.grad.double() for name, p in model.named_parameters()}
@@ -82,7 +74,6 @@ def golden_update(envs: int, fast: bool) -> dict[str, object]:
             "grad_sq": {name: g.pow(2).sum().item() for name, g in grads.items()},
             "grad_head": {name: g.flatten()[:4].tolist() for name, g in grads.items()},
         }
-        agent.clear_actions()
     return result
 
 

@@ -9,7 +9,7 @@ import torch
 
 from environment import env_config, make_env
 from model import build_model
-from player_util import Agent
+from player_util import Agent, StepRecord
 from tests.conftest import requires_cuda
 
 
@@ -40,121 +40,77 @@ class ScriptedEnv(gym.Env):
 def make_agent(env: gym.Env, **kwargs) -> Agent:
     torch.manual_seed(0)
     model = build_model(env.observation_space, env.action_space, 16)
-    return Agent(model, env, **kwargs)
+    return Agent(model, [env], **kwargs)
 
 
-def test_action_train_records_one_entry_per_step_and_clips_rewards():
-    agent = make_agent(ScriptedEnv([5.0, -3.0, 0.5, 0.0]))
-    agent.reset(seed=0)
-    for _ in range(4):
-        agent.action_train()
-    assert agent.rewards == [1.0, -1.0, 0.5, 0.0]
-    assert agent.raw_reward == 0.0 and agent.done and len(agent.actions) == 4
-    assert len(agent.values) == len(agent.log_probs) == len(agent.entropies) == 4
-    assert agent.values[0].shape == (1, 1) and agent.log_probs[0].shape == (1, 1)
-    assert all(v.requires_grad for v in agent.values)
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_a_rollout_records_one_row_per_step_and_clips_rewards(fast):
+    env = ScriptedEnv([5.0, -3.0, 0.5, 0.0])
+    agent = make_agent(env, fast_path=fast)
+    agent.reset(seeds=[0])
+    agent.start_rollout()
+    assert agent.play_rollout(10) == 4  # the episode ends after 4 steps
+    rollout = agent.rollout()
+    assert rollout.rewards[:, 0].tolist() == [1.0, -1.0, 0.5, 0.0]
+    assert rollout.terminated[:, 0].tolist() == [False, False, False, True]
+    assert agent.done == [True] and agent.record["actions"][:, 0].tolist() == env.actions
+    for tensor in (rollout.values, rollout.log_probs, rollout.entropies):
+        assert tensor.shape == (4, 1) and tensor.requires_grad
     # Entropy of a near-uniform 3-way policy is close to log 3.
-    assert agent.entropies[0].item() == pytest.approx(np.log(3), abs=0.01)
-    agent.clear_actions()
-    assert agent.values == agent.log_probs == agent.rewards == agent.entropies == []
+    assert rollout.entropies[0, 0].item() == pytest.approx(np.log(3), abs=0.01)
+    assert rollout.bootstrap.tolist() == [0.0]  # the episode ended: no value after it
 
-
-def test_reward_clipping_can_be_turned_off():
-    agent = make_agent(ScriptedEnv([5.0, -3.0]), clip_rewards=False)
-    agent.reset()
-    agent.action_train().action_train()
-    assert agent.rewards == [5.0, -3.0]
-
-
-def test_reward_scale_multiplies_the_clipped_reward():
-    agent = make_agent(ScriptedEnv([5.0, -3.0, 0.5]), reward_scale=0.1)
-    agent.reset()
-    for _ in range(3):
-        agent.action_train()
-    assert agent.rewards == pytest.approx([0.1, -0.1, 0.05])
-    assert agent.raw_reward == 0.5
-
-
-def test_action_test_is_greedy():
-    env = ScriptedEnv([0.0] * 6)
-    agent = make_agent(env)
-    with torch.no_grad():
-        agent.model.actor_linear.bias.copy_(torch.tensor([0.0, 5.0, 0.0]))
-    agent.reset()
-    for _ in range(6):
-        agent.action_test()
-    assert env.actions == [1] * 6
-    assert agent.values == []  # nothing recorded while testing
-
-
-def test_action_train_samples_from_the_policy():
-    env = ScriptedEnv([0.0] * 300)
-    agent = make_agent(env)
-    agent.reset()
-    for _ in range(300):
-        agent.action_train()
-    counts = np.bincount(env.actions, minlength=3)
-    assert counts.min() > 60  # near-uniform initial policy: every action is sampled
-
-
-def test_same_seed_samples_the_same_actions():
-    def actions() -> list[int]:
-        env = ScriptedEnv([0.0] * 50)
-        agent = make_agent(env)
-        agent.reset()
-        torch.manual_seed(123)
-        for _ in range(50):
-            agent.action_train()
-        return env.actions
-
-    assert actions() == actions()
-
-
-def test_lstm_state_carries_detaches_and_resets():
-    agent = make_agent(ScriptedEnv([0.0] * 10))
-    agent.reset()
-    agent.action_train()
-    assert agent.hx.abs().sum() > 0 and agent.hx.requires_grad
-    agent.detach_lstm()
-    assert not agent.hx.requires_grad and agent.hx.abs().sum() > 0
-    agent.reset_lstm()
+    agent.start_rollout()  # a new episode, a new LSTM state, an empty record
+    assert agent.steps == 0 and agent.done == [False]
     assert agent.hx.abs().sum() == 0 and agent.cx.abs().sum() == 0
 
 
-def test_bootstrap_value_is_zero_after_terminal_step():
-    agent = make_agent(ScriptedEnv([0.0]))
+def test_rewards_are_scaled_after_clipping_and_unclipped_with_clip_off():
+    agent = make_agent(ScriptedEnv([5.0, -0.5]), reward_scale=0.1)
     agent.reset()
-    assert agent.bootstrap_value().shape == (1, 1)
-    agent.action_train()
-    assert agent.done and agent.bootstrap_value().item() == 0.0
+    agent.start_rollout()
+    agent.play_rollout(2)
+    assert agent.record["rewards"][:, 0].tolist() == pytest.approx([0.1, -0.05])
+    agent = make_agent(ScriptedEnv([5.0, -0.5]), clip_rewards=False)
+    agent.reset()
+    agent.start_rollout()
+    agent.play_rollout(2)
+    assert agent.record["rewards"][:, 0].tolist() == [5.0, -0.5]
 
 
-def test_real_done_separates_life_loss_from_game_over(config):
-    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
-    agent = make_agent(env)
-    agent.reset(seed=0)
-    while not agent.done:
-        agent.action_test()
-    assert agent.state.shape == (1, 80, 80)
-    assert not agent.real_done  # a lost life, the game goes on
+def test_the_lstm_state_carries_over_between_rollouts_cut_from_the_graph():
+    agent = make_agent(ScriptedEnv([0.0] * 10))
+    agent.reset()
+    agent.start_rollout()
+    agent.play_rollout(3)
+    assert agent.hx.requires_grad  # the reference path's graph
+    before = agent.hx.detach().clone()
+    agent.start_rollout()
+    assert not agent.hx.requires_grad and torch.equal(agent.hx, before)
+
+
+def test_acting_before_reset_is_refused():
+    with pytest.raises(RuntimeError, match="reset"):
+        make_agent(ScriptedEnv([0.0])).start_rollout()
 
 
 @requires_cuda
 @pytest.mark.gpu
-def test_agent_runs_on_gpu():
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_agent_runs_on_gpu(fast):
     env = ScriptedEnv([1.0] * 5)
     model = build_model(env.observation_space, env.action_space, 16)
-    agent = Agent(model.cuda(), env, device="cuda")
+    agent = Agent(model.cuda(), [env], device="cuda", fast_path=fast)
     agent.reset()
-    agent.action_train().action_train()
-    assert agent.values[0].device.type == "cuda" and agent.hx.device.type == "cuda"
-    agent.action_test()
+    agent.start_rollout()
+    agent.play_rollout(2)
+    rollout = agent.rollout()
+    assert rollout.values.device.type == "cuda" and agent.hx.device.type == "cuda"
+    assert rollout.rewards.device.type == "cuda" and rollout.bootstrap.device.type == "cuda"
 
 
 def test_fast_path_tape_buffers_are_reused_across_rollouts():
     """Acting records into buffers kept across rollouts; a new buffer per rollout is slow."""
-    import gymnasium as gym
-
     from model import A3Clstm
 
     torch.manual_seed(0)
@@ -170,17 +126,29 @@ def test_fast_path_tape_buffers_are_reused_across_rollouts():
         def step(self, action):
             return np.random.rand(1, 80, 80).astype(np.float32), 0.0, False, False, {}
 
-    agent = Agent(model, Frames(), fast_path=True)
+    agent = Agent(model, [Frames()], fast_path=True)
     agent.reset()
+    tape = agent.path.tape
     pointers = []
     for _ in range(3):
+        agent.start_rollout()
+        assert len(tape) == 0
         assert agent.play_rollout(5) == 5
-        agent.prepare_loss_inputs()
-        pointers.append(agent.tape.get("relu0").data_ptr())
-        assert len(agent.tape) == 5
-        agent.clear_actions()
-        assert len(agent.tape) == 0
+        agent.rollout()
+        pointers.append(tape.get("relu0").data_ptr())
+        assert len(tape) == 5
     assert pointers[0] == pointers[1] == pointers[2]
+
+
+def test_the_step_record_grows_past_its_first_capacity():
+    env = ScriptedEnv([0.0] * 50)
+    agent = make_agent(env)
+    agent.record = StepRecord(1, capacity=4)
+    agent.reset()
+    agent.start_rollout()
+    assert agent.play_rollout(30) == 30
+    assert agent.rollout().values.shape == (30, 1)
+    assert agent.record["took"].all() and agent.record["actions"][:, 0].tolist() == env.actions
 
 
 # -- greedy games ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from torch import nn
 from environment import make_env
 from fast_path import sequence_from_features
 from model import build_model
+from player_util import Rollout
 from shared_optim import SharedAdam
 from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
 from train import (
@@ -25,20 +26,29 @@ from train import (
 from utils import ProcessContext
 
 
+def loss_rollout(values, log_probs, entropies, rewards, bootstrap, took=None) -> Rollout:
+    """A `Rollout` of hand-made (T, K) tensors for the loss (flags other than `took` unused)."""
+    took = torch.ones_like(values, dtype=torch.bool) if took is None else took
+    flags = torch.zeros_like(took)
+    return Rollout(
+        values=values, log_probs=log_probs, entropies=entropies, rewards=rewards, took=took,
+        terminated=flags, truncated=flags, bootstrap=bootstrap, steps=int(took.sum()),
+    )  # fmt: skip
+
+
 def rollout_tensors():
-    values = [torch.tensor([[v]], requires_grad=True) for v in (0.5, 0.2, -0.3)]
-    log_probs = [torch.tensor([[lp]], requires_grad=True) for lp in (-0.1, -0.2, -0.3)]
-    entropies = [torch.tensor([e], requires_grad=True) for e in (0.6, 0.5, 0.4)]
-    return values, log_probs, [1.0, 0.0, -1.0], entropies
+    """The hand-worked rollout: 3 steps of one env, leaves with grad, shape (3, 1)."""
+    values = torch.tensor([[0.5], [0.2], [-0.3]], requires_grad=True)
+    log_probs = torch.tensor([[-0.1], [-0.2], [-0.3]], requires_grad=True)
+    entropies = torch.tensor([[0.6], [0.5], [0.4]], requires_grad=True)
+    return values, log_probs, entropies, torch.tensor([[1.0], [0.0], [-1.0]])
 
 
 def test_loss_matches_a_rollout_worked_by_hand():
     """gamma 0.9, tau 0.5, entropy 0.1, bootstrap 0.4 (worked out in the comments)."""
-    values, log_probs, rewards, entropies = rollout_tensors()
-    terms = a3c_loss(
-        values, log_probs, rewards, entropies, torch.tensor([[0.4]]),
-        gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5,
-    )  # fmt: skip
+    values, log_probs, entropies, rewards = rollout_tensors()
+    rollout = loss_rollout(values, log_probs, entropies, rewards, torch.tensor([0.4]))
+    terms = a3c_loss(rollout, gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5)
     # Backwards: R = -0.64, -0.576, 0.4816; advantages -0.34, -0.776, -0.0184
     # value loss = 0.5 * (0.34^2 + 0.776^2 + 0.0184^2) = 0.35905728
     # deltas -0.34, -0.47, 0.68; gae -0.34, -0.623, 0.39965
@@ -49,71 +59,55 @@ def test_loss_matches_a_rollout_worked_by_hand():
     assert terms.entropy.item() == pytest.approx(0.5, abs=1e-6)
     terms.total.backward()
     # d total / d log_prob_i = -gae_i; d total / d V_i = -value_coef * advantage_i
-    for lp, gae in zip(log_probs, (0.39965, -0.623, -0.34), strict=True):
-        assert lp.grad.item() == pytest.approx(-gae, abs=1e-6)
-    for v, adv in zip(values, (-0.0184, -0.776, -0.34), strict=True):
-        assert v.grad.item() == pytest.approx(-0.5 * adv, abs=1e-6)
-    for e in entropies:
-        assert e.grad.item() == pytest.approx(-0.1)
+    for got, gae in zip(log_probs.grad.view(-1).tolist(), (0.39965, -0.623, -0.34), strict=True):
+        assert got == pytest.approx(-gae, abs=1e-6)
+    for got, adv in zip(values.grad.view(-1).tolist(), (-0.0184, -0.776, -0.34), strict=True):
+        assert got == pytest.approx(-0.5 * adv, abs=1e-6)
+    assert entropies.grad.view(-1).tolist() == pytest.approx([-0.1] * 3)
 
 
 def test_rows_of_steps_not_taken_reach_neither_loss_nor_gradients_even_as_nan():
     # Two envs; env 1 stopped after step 0. Its rows of steps 1-2 hold NaN (what a broken
-    # terminal frame forwarded by a waiting env would give): 0 * NaN would be NaN.
-    def rows(first, second, fill):
-        return [
-            torch.tensor([[a], [b if t == 0 else fill]], requires_grad=True)
-            for t, (a, b) in enumerate(zip(first, second, strict=True))
-        ]
-
+    # frame could give a waiting env's row): 0 * NaN would be NaN.
     nan = float("nan")
-    values = rows((0.5, 0.2, -0.3), (0.1, 0.0, 0.0), nan)
-    log_probs = rows((-0.1, -0.2, -0.3), (-0.7, 0.0, 0.0), nan)
-    entropies = rows((0.6, 0.5, 0.4), (0.9, 0.0, 0.0), nan)
-    rewards = [
-        torch.tensor([[1.0], [0.5]]),
-        torch.tensor([[0.0], [nan]]),
-        torch.tensor([[-1.0], [nan]]),
-    ]
-    masks = [
-        torch.tensor([[True], [True]]),
-        torch.tensor([[True], [False]]),
-        torch.tensor([[True], [False]]),
-    ]
-    terms = a3c_loss(
-        values, log_probs, rewards, entropies, torch.tensor([[0.4], [0.0]]),
-        gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5, masks=masks,
-    )  # fmt: skip
+
+    def columns(first, second):
+        pairs = enumerate(zip(first, second, strict=True))
+        return torch.tensor([[a, b if t == 0 else nan] for t, (a, b) in pairs], requires_grad=True)
+
+    values = columns((0.5, 0.2, -0.3), (0.1, 0.0, 0.0))
+    log_probs = columns((-0.1, -0.2, -0.3), (-0.7, 0.0, 0.0))
+    entropies = columns((0.6, 0.5, 0.4), (0.9, 0.0, 0.0))
+    rewards = torch.tensor([[1.0, 0.5], [0.0, nan], [-1.0, nan]])
+    took = torch.tensor([[True, True], [True, False], [True, False]])
+    rollout = loss_rollout(values, log_probs, entropies, rewards, torch.tensor([0.4, 0.0]), took)
+    terms = a3c_loss(rollout, gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=0.5)
     terms.total.backward()
     # Env 0 is the hand-worked rollout above; env 1 a one-step episode: R = 0.5, adv 0.4.
     assert terms.value_loss.item() == pytest.approx(0.35905728 + 0.5 * 0.4**2, abs=1e-6)
     assert terms.policy_loss.item() == pytest.approx(-0.336635 + 0.7 * 0.4 - 0.09, abs=1e-6)
-    for per_step in (values, log_probs, entropies):
-        for t, tensor in enumerate(per_step):
-            assert torch.isfinite(tensor.grad).all()
-            if t > 0:
-                assert tensor.grad[1].item() == 0.0  # env 1 did not take steps 1 and 2
-    assert log_probs[0].grad[1].item() == pytest.approx(-0.4, abs=1e-6)
+    for leaf in (values, log_probs, entropies):
+        assert torch.isfinite(leaf.grad).all()
+        assert leaf.grad[1:, 1].eq(0).all()  # env 1 did not take steps 1 and 2
+    assert log_probs.grad[0, 1].item() == pytest.approx(-0.4, abs=1e-6)
 
 
 def test_value_coef_is_really_used():
     totals = {}
     for coef in (0.0, 0.5, 2.0):
-        values, log_probs, rewards, entropies = rollout_tensors()
-        totals[coef] = a3c_loss(
-            values, log_probs, rewards, entropies, torch.zeros(1, 1),
-            gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=coef,
-        ).total.item()  # fmt: skip
+        rollout = loss_rollout(*rollout_tensors(), torch.zeros(1))
+        terms = a3c_loss(rollout, gamma=0.9, tau=0.5, entropy_coef=0.1, value_coef=coef)
+        totals[coef] = terms.total.item()
     assert totals[0.5] - totals[0.0] == pytest.approx(0.25 * (totals[2.0] - totals[0.0]))
     assert totals[2.0] != totals[0.0]
 
 
 def test_terminal_rollout_bootstraps_from_zero():
-    values, log_probs, _, entropies = rollout_tensors()
-    terms = a3c_loss(
-        values[:1], log_probs[:1], [1.0], entropies[:1], torch.zeros(1, 1),
-        gamma=1.0, tau=1.0, entropy_coef=0.0, value_coef=0.5,
-    )  # fmt: skip
+    values, log_probs, entropies, _ = rollout_tensors()
+    rollout = loss_rollout(
+        values[:1], log_probs[:1], entropies[:1], torch.tensor([[1.0]]), torch.zeros(1)
+    )
+    terms = a3c_loss(rollout, gamma=1.0, tau=1.0, entropy_coef=0.0, value_coef=0.5)
     assert terms.value_loss.item() == pytest.approx(0.5 * (1.0 - 0.5) ** 2)
 
 
@@ -232,19 +226,15 @@ def pong_rollout_grads(
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     if fast if channels_last is None else channels_last:
         model.use_channels_last()
-    agent = Agent(model, env, fast_path=fast, bf16=bf16)
-    agent.reset(seed=3)
-    for _ in range(30):  # get into the game, with a non-zero LSTM state
-        agent.action_test()
-    agent.detach_lstm()
+    agent = Agent(model, [env], fast_path=fast, bf16=bf16)
+    agent.reset(seeds=[3])
+    agent.start_rollout()
+    agent.play_rollout(30)  # get into the game, with a non-zero LSTM state
+    agent.start_rollout()
     torch.manual_seed(42)
     agent.play_rollout(steps)
-    actions = list(agent.actions)
-    agent.prepare_loss_inputs()
-    terms = a3c_loss(
-        agent.values, agent.log_probs, agent.rewards, agent.entropies, agent.bootstrap_value(),
-        args.gamma, args.tau, args.entropy_coef, args.value_coef,
-    )  # fmt: skip
+    actions = agent.record["actions"][:, 0].tolist()
+    terms = a3c_loss(agent.rollout(), args.gamma, args.tau, args.entropy_coef, args.value_coef)
     model.zero_grad(set_to_none=True)
     terms.total.backward()
     return terms.total.item(), [p.grad.clone() for p in model.parameters()], actions
@@ -423,7 +413,7 @@ def test_every_tensor_of_an_update_is_made_on_the_agents_device(envs, fast):
     # With "meta" as the default device, a tensor made without device= lands there and the
     # first op that meets a CPU tensor fails: on a GPU such a tensor would be a silent
     # host/device copy, or an error only a GPU run shows.
-    from player_util import Agent, BatchAgent
+    from player_util import Agent
     from train import TrainStats, update_is_finite
 
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
@@ -435,29 +425,20 @@ def test_every_tensor_of_an_update_is_made_on_the_agents_device(envs, fast):
     if fast:
         model.use_channels_last()
     with torch.device("meta"):
-        if envs == 1:
-            agent = Agent(model, games[0], cpu, fast_path=fast)
-            agent.reset(seed=1)
-        else:
-            agent = BatchAgent(model, games, cpu, fast_path=fast)
-            agent.reset(seeds=[1, 2, 3])
+        agent = Agent(model, games, cpu, fast_path=fast)
+        agent.reset(seeds=[1, 2, 3][:envs])
         stats = TrainStats(model)
         for _ in range(2):
             agent.start_rollout()
             agent.play_rollout(8)
-            agent.prepare_loss_inputs()
-            terms = a3c_loss(
-                agent.values, agent.log_probs, agent.rewards, agent.entropies,
-                agent.bootstrap_value(), args.gamma, args.tau, args.entropy_coef,
-                args.value_coef, getattr(agent, "masks", None),
-            )  # fmt: skip
+            rollout = agent.rollout()
+            terms = a3c_loss(rollout, args.gamma, args.tau, args.entropy_coef, args.value_coef)
             model.zero_grad(set_to_none=True)
             terms.total.backward()
             squares = stats.grad_squares(model)
             assert update_is_finite(terms, squares)
             ensure_shared_grads(model, shared, copy=True)
             stats.add(terms, squares)
-            agent.clear_actions()
         report = stats.flush(0)
     assert terms.total.device == cpu and report["updates"] == 2
     assert all(p.grad is not None and p.grad.device == cpu for p in shared.parameters())
