@@ -115,7 +115,9 @@ def a3c_loss(
         total=policy_loss + value_coef * value_loss,
         policy_loss=policy_loss.detach(),
         value_loss=value_loss.detach(),
-        entropy=entropy.detach()[took].mean(),
+        # A sum over the steps taken (the others are 0 already): boolean indexing would wait
+        # for the device to learn the result's size.
+        entropy=entropy.detach().sum() / took.sum(),
     )
 
 

@@ -36,7 +36,7 @@ from train import PhaseClock, make_optimizer, run_worker  # noqa: E402
 from utils import ProcessContext, UsageError, check_gpus, check_precision  # noqa: E402
 
 PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report")
-"""The worker loop's laps (`train.run_worker`); "loss" includes the bootstrap value."""
+"""The worker loop's laps (`train.run_worker`); "replay" builds the `Rollout`, bootstrap too."""
 
 
 def mode_flags(mode: str) -> list[str]:
