@@ -354,7 +354,8 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
     original's computation ends the return there at 0, so states the policy cannot tell
     apart from earlier ones are taught a value of 0 near the cap. With --bootstrap-truncated
     the cut is bootstrapped from V(s) instead, and 600k steps give the run more test games to
-    pick its checkpoint from (2026-11-23, 3 runs at 400k and 600k: 500.0 each)."""
+    pick its checkpoint from (2026-11-23: 2 runs at 400k with the flag, 2 without, 1 at 600k with
+    it: 500.0 each; too few to measure a failure rate of a few percent)."""
     result = run_cli(
         "main.py",
         "--precision", precision,
