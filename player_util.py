@@ -97,8 +97,8 @@ class Rollout:
     """K envs' rollout, what the loss needs, as (T, K) tensors on the worker's device.
 
     Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose episode
-    ended at step t < T - 1 waited for the rest: `took` is false on its later rows, whose
-    entries the loss never reads (they may hold anything, even NaN).
+    ended at step t < T - 1 waited for the rest: `took` is false on its later rows, which the
+    loss drops (``torch.where``) before any arithmetic; they were computed from blank frames.
 
     Attributes:
         values: V(s_t), with grad.
@@ -397,7 +397,12 @@ class Agent:
         self.path.begin(hx, cx)
 
     def restart_episodes(self) -> None:
-        """Start fresh episodes in every env at the next rollout (after a skipped update)."""
+        """Zero every env's LSTM state at the next rollout (after a skipped update).
+
+        Each env is reset as at the end of an episode: a new game for most envs, while an Atari
+        game goes on from where it stands (the lost-life reset's one no-op step). What a NaN
+        can have reached is the LSTM state, which starts afresh either way.
+        """
         self.done = [True] * len(self.envs)
 
     @property

@@ -83,8 +83,11 @@ def a3c_loss(
     original's backward loop, step for step, on whole tensors.
 
     The entries of steps an env did not take (``rollout.took`` false) are dropped with
-    ``torch.where`` (never multiplied by 0), so whatever they hold, even NaN, reaches neither
-    the loss nor the gradients. Each env's terms are exactly its own rollout's.
+    ``torch.where`` before any arithmetic (never multiplied by 0), so a stale entry (a reward
+    left from the last rollout) never reaches the loss. Each env's terms are exactly its own
+    rollout's. This is no shield for the network's own outputs: a NaN it computed in such a
+    row would still reach the weights' gradients through its backward (0 * NaN). Such rows see
+    blank frames, and `sample_actions` refuses a policy with a NaN or inf in any row.
 
     Args:
         rollout: the (T, K) values, log-probabilities and entropies (with grad), rewards,
