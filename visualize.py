@@ -5,6 +5,7 @@ Commands::
     python visualize.py curve logs/PongNoFrameskip-v4_log        # PNG of test reward
     python visualize.py view --env BreakoutNoFrameskip-v4        # raw vs processed frame
     python visualize.py milestone logs/PongNoFrameskip-v4_log    # when the 10-game mean hit 18
+    python visualize.py curve sitting1_log sitting2_log          # one run's sittings, joined
     python visualize.py table logs/*_eval.json                   # markdown results table
 """
 
@@ -99,6 +100,49 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     return games
 
 
+def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
+    """The test games of one run trained in several sittings, one log each, in order.
+
+    A sitting resumed with ``--load`` from its training state goes on counting, so its games
+    are taken as they are. A sitting started from a ``.dat`` alone (a new machine: the step
+    count starts afresh) is recognised by counts lower than where the sitting before ended, and
+    is shifted to go on from that sitting's last test game (wall time, steps and frames), so
+    the run's untested tail before the restart (under one test interval) is not counted.
+
+    Raises:
+        UsageError: a file does not exist.
+    """
+    games: list[TestGame] = []
+    for path in paths:
+        sitting = parse_log(path)
+        if games and sitting and _count(sitting[0]) < _count(games[-1]):
+            last = games[-1]
+            sitting = [
+                TestGame(
+                    seconds=g.seconds + last.seconds,
+                    reward=g.reward,
+                    length=g.length,
+                    steps=_shift(g.steps, last.steps),
+                    frames=_shift(g.frames, last.frames),
+                )
+                for g in sitting
+            ]
+        games.extend(sitting)
+    return games
+
+
+def _count(game: TestGame) -> float:
+    """How far the run was at `game`: frames, else steps, else wall time."""
+    for count in (game.frames, game.steps):
+        if count is not None:
+            return count
+    return game.seconds
+
+
+def _shift(count: int | None, by: int | None) -> int | None:
+    return None if count is None or by is None else count + by
+
+
 def moving_average(values: list[float], window: int) -> np.ndarray:
     """Trailing mean over up to `window` points (shorter at the start)."""
     data = np.asarray(values, dtype=np.float64)
@@ -139,10 +183,14 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     )
 
 
-def plot_curve(log_path: str | Path, out: str | Path, window: int = 20, title: str = "") -> Path:
+def plot_curve(
+    log_path: str | Path | list[str | Path], out: str | Path, window: int = 20, title: str = ""
+) -> Path:
     """Write a PNG of test reward against frames and against wall time.
 
     Raw points plus a `window`-game moving average, for a finished run or one still going.
+    `log_path` is one training log, or the logs of one run's sittings in order
+    (`parse_sittings`).
 
     Raises:
         UsageError: the log holds no finished test game yet.
@@ -152,9 +200,11 @@ def plot_curve(log_path: str | Path, out: str | Path, window: int = 20, title: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    games = parse_log(log_path)
+    logs = log_path if isinstance(log_path, list) else [log_path]
+    games = parse_sittings(logs)
     if not games:
-        raise UsageError(f"log {str(log_path)!r} has no finished test game yet; try again later")
+        names = ", ".join(repr(str(log)) for log in logs)
+        raise UsageError(f"log {names} has no finished test game yet; try again later")
     rewards = [g.reward for g in games]
     average = moving_average(rewards, window)
     if all(g.frames is not None for g in games):
@@ -173,7 +223,8 @@ def plot_curve(log_path: str | Path, out: str | Path, window: int = 20, title: s
         ax.set_ylabel("test reward")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
-    fig.suptitle(title or f"{Path(log_path).name}: {len(games)} test games")
+    sittings = f" ({len(logs)} sittings)" if len(logs) > 1 else ""
+    fig.suptitle(title or f"{Path(logs[-1]).name}{sittings}: {len(games)} test games")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -361,7 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     curve = sub.add_parser("curve", help="PNG of test reward vs frames and wall time from a log")
-    curve.add_argument("log", help="a training log, <log-dir><env>_log (a run still going is ok)")
+    curve.add_argument(
+        "log",
+        nargs="+",
+        help="a training log, <log-dir><env>_log (a run still going is ok); several: the "
+        "sittings of one run in order (one started from a .dat alone goes on from the last)",
+    )
     curve.add_argument("--out", help="PNG path (default: beside the log, <env>_curve.png)")
     curve.add_argument("--window", type=int, default=20, help="moving-average window (games)")
     view = sub.add_parser("view", help="PNG of a raw frame beside the processed 80x80 input")
@@ -373,7 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     milestone = sub.add_parser(
         "milestone", help="when the mean of the last N test games first reached a reward"
     )
-    milestone.add_argument("log", help="a training log, <log-dir><env>_log")
+    milestone.add_argument(
+        "log", nargs="+", help="a training log, <log-dir><env>_log; several: as for curve"
+    )
     milestone.add_argument("--reward", type=float, default=18.0, help="the reward to reach")
     milestone.add_argument("--window", type=int, default=10, help="games in the mean")
     table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
@@ -388,18 +446,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "curve":
             if args.window < 1:
                 raise UsageError(f"--window must be at least 1, got {args.window}")
-            log = Path(args.log)
+            log = Path(args.log[-1])
             out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
-            print(plot_curve(log, out, args.window))
+            print(plot_curve(list(args.log), out, args.window))
         elif args.command == "view":
             if args.steps < 0:
                 raise UsageError(f"--steps must be 0 or more, got {args.steps}")
             out = args.out or f"demo/{env_file_stem(args.env)}_view.png"
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
         elif args.command == "milestone":
-            games = parse_log(args.log)
+            games = parse_sittings(args.log)
             if not games:
-                raise UsageError(f"log {args.log!r} has no finished test game yet")
+                names = ", ".join(repr(log) for log in args.log)
+                raise UsageError(f"log {names} has no finished test game yet")
             print(describe_milestone(games, args.reward, args.window))
         else:
             print(results_table(args.summaries))

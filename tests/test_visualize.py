@@ -21,6 +21,7 @@ from visualize import (
     first_reaching,
     moving_average,
     parse_log,
+    parse_sittings,
     results_table,
     write_gif,
 )
@@ -170,6 +171,34 @@ def test_parse_log_keeps_a_run_across_test_restarts_and_resumes(tmp_path):
     assert len(parse_log(log, all_runs=True)) == 5
     log.write_text(log.read_text() + _block("pong_2") + _game(3, 1.0, 10))
     assert [g.reward for g in parse_log(log)] == [1.0]
+
+
+def test_sittings_join_a_run_resumed_from_its_state_and_one_from_a_dat_alone(tmp_path):
+    first, resumed, fresh = tmp_path / "a_log", tmp_path / "b_log", tmp_path / "c_log"
+    first.write_text(_block("r1") + _game(10, 1.0, 1000) + _game(20, 2.0, 2000))
+    resumed.write_text(_block("r1") + _game(30, 3.0, 3000))  # --load from the state: counts go on
+    fresh.write_text(_block("r2") + _game(5, 4.0, 500) + _game(15, 5.0, 900))  # from a .dat
+    games = parse_sittings([first, resumed, fresh])
+    assert [g.reward for g in games] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [g.steps for g in games] == [1000, 2000, 3000, 3500, 3900]
+    assert [g.frames for g in games] == [4000, 8000, 12000, 14000, 15600]
+    assert [g.seconds for g in games] == [10, 20, 30, 35, 45]
+    assert parse_sittings([fresh]) == parse_log(fresh)
+
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "milestone", str(first), str(resumed), str(fresh),
+         "--reward", "4.5", "--window", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "first reached 4.5 after 00h 00m 45s, 15,600 frames (test game 5)" in result.stdout
+    png = tmp_path / "joined.png"
+    result = subprocess.run(
+        [sys.executable, "visualize.py", "curve", str(first), str(fresh), "--out", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert cv2.imread(str(png)) is not None
 
 
 def test_milestone_is_the_first_full_window_reaching_the_reward(tmp_path):
