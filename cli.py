@@ -423,6 +423,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
         raise UsageError(
             f"--sync-interval must be a positive number of seconds, got {config.sync_interval}"
         )
+    if config.ray_address and not ray_address_ok(config.ray_address):
+        raise UsageError(
+            f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
+            "host:port (the port 'ray start --head' printed, 6379 by default)"
+        )
     if not config.ray_address and config.nodes:
         raise UsageError(
             f"--nodes {config.nodes} needs --ray-address (auto, host:port or local); drop it "
@@ -434,6 +439,14 @@ def validate_train(config: TrainConfig) -> TrainConfig:
             "or -1"
         )
     return config
+
+
+def ray_address_ok(address: str) -> bool:
+    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535."""
+    if address in ("auto", "local"):
+        return True
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def validate_eval(config: EvalConfig) -> EvalConfig:

@@ -33,7 +33,7 @@ from torch import nn
 
 from cli import TrainConfig
 from environment import make_env
-from utils import UsageError
+from utils import UsageError, check_gpus, check_precision
 
 ROOT = Path(__file__).resolve().parent
 
@@ -235,8 +235,14 @@ class NodeLauncher:
         from model import build_model
         from train import make_optimizer
 
-        # Workers of node i are ranks i*W .. i*W+W-1 of the run: distinct seeds everywhere.
-        self.config = dataclasses.replace(config, seed=config.seed + index * config.workers)
+        # A machine's GPUs and CPU, checked here as on a single machine: a node short of them
+        # fails to start, and the driver names it.
+        check_gpus(config.gpu_ids)
+        check_precision(config.precision, config.gpu_ids)
+        # Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: node i
+        # starts at seed + i*W*K, so no two envs of the run share a seed.
+        per_node = config.workers * config.envs_per_worker
+        self.config = dataclasses.replace(config, seed=config.seed + index * per_node)
         self.server = server
         self.node = node
         self.index = index
@@ -294,12 +300,15 @@ class NodeLauncher:
         self.sync.exchange(send)
         self.round_trip_ms = 1e3 * (time.monotonic() - started)
 
-    def _poll(self) -> None:
+    def _take_reports(self) -> None:
         for payload in self.pool.monitor.train_window:
             payload.pop("normalizer", None)
             payload["rank"] = self.index * self.config.workers + int(payload["rank"])
             self.reports.append(payload)
         self.pool.monitor.train_window = []
+
+    def _poll(self) -> None:
+        self._take_reports()
         if time.monotonic() >= self.next_sync:
             self._exchange()
             self.next_sync = time.monotonic() + self.config.sync_interval
@@ -307,20 +316,22 @@ class NodeLauncher:
     def run(self) -> dict[str, Any]:
         """Train until stopped or the step budget is spent; then one last exchange.
 
-        The workers are stopped before the last exchange, so afterwards this node's weights
-        are the server's exactly.
+        The workers are stopped before the last exchange, and the node then takes the
+        server's weights as they are (``shared += pulled - current`` can miss `pulled` by a
+        rounding step), so afterwards this node's weights are the server's exactly.
 
         Returns:
             The node's summary: id, host, workers, exchanges, why it stopped, and the largest
             difference between its weights and the server's after the last exchange.
         """
-        self.pool.start()
         try:
+            self.pool.start()  # inside: a failed spawn still stops the children already started
             self.pool.supervise()
         finally:
             self.pool.stop_children()
-        self._poll()
+        self._take_reports()
         self._exchange()
+        set_flat(self.sync.model, self.sync.snapshot)
         final = flat_weights(self.sync.model)
         return {
             "node": self.node,
@@ -365,10 +376,20 @@ def connect(ray: Any, address: str) -> None:
     """
     runtime_env = {"working_dir": str(ROOT), "excludes": RAY_EXCLUDES}
     try:
-        if address == "local":
-            ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+        if address == "local":  # "local", not None: RAY_ADDRESS must not make it join one
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=True,
+            )
         else:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+    except ValueError as err:  # Ray's "Invalid address format"
+        raise UsageError(
+            f"--ray-address {address!r} is not an address ({err}); pass auto, local or "
+            "host:port (the head's 'ray start --head' prints it)"
+        ) from None
     except ConnectionError as err:
         raise UsageError(
             f"--ray-address {address}: no Ray cluster answers there ({err}); start one with "
@@ -468,7 +489,7 @@ class ClusterRun:
             self.launcher.stop_reason = self.launcher.stop_reason or (
                 "every node stopped" if self.finished else "every node was lost"
             )
-            self.launcher.failed = not self.finished
+            self.launcher.failed = all(r["failed"] for r in self.finished.values())
             self.launcher.ctx.request_stop()
         if time.monotonic() >= self.next_pull:
             self.pull()
@@ -477,7 +498,7 @@ class ClusterRun:
     def _settle(self, node_id: str, ref: Any) -> None:
         host = self.nodes[node_id]["host"]
         try:
-            self.finished[node_id] = self.ray.get(ref)
+            result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
             cause = str(err).strip().splitlines()[0][:200]
             self.lost[node_id] = cause
@@ -485,6 +506,13 @@ class ClusterRun:
                 f"node {node_id[:12]} ({host}) lost: {cause}; the run goes on with "
                 f"{len(self.runs)} nodes"
             )
+        else:
+            if result["failed"]:
+                self.log.error(
+                    f"node {node_id[:12]} ({host}) failed: {result['stop_reason']}; the run "
+                    f"goes on with {len(self.runs)} nodes"
+                )
+        self.ray.kill(self.actors[node_id])  # its run is over: free its model and optimizer
 
     def stop(self) -> None:
         """Stop every node, wait for its last exchange, pull the final weights, record it all."""
@@ -498,6 +526,10 @@ class ClusterRun:
                 self._settle(self.runs.pop(ref), ref)
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
+            self.log.error(
+                f"node {node_id[:12]} ({self.nodes[node_id]['host']}) made no final exchange "
+                f"within {STOP_SECONDS:.0f} s: stopped without its last updates"
+            )
             self.ray.kill(self.actors[node_id])  # its workers then stop by themselves
         try:
             self.pull()

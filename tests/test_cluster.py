@@ -105,6 +105,8 @@ def test_the_server_adds_every_nodes_push_once():
         (["--nodes", "2"], "--nodes 2 needs --ray-address"),
         (["--ray-address", "local", "--sync-interval", "0"], "--sync-interval must be a positive"),
         (["--ray-address", "local", "--nodes", "-1"], "--nodes must be 0 (every node) or more"),
+        (["--ray-address", "host:abc"], "--ray-address 'host:abc' is not an address"),
+        (["--ray-address", "head"], "--ray-address 'head' is not an address"),
     ],
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, flags, message):
