@@ -188,6 +188,12 @@ class TrainConfig(CommonConfig):
         3.0,
         help="with --ray-address: seconds between a node's exchanges with the parameter server",
     )
+    exchange_precision: str = flag(
+        "fp32",
+        choices=("fp32", "fp16"),
+        help="with --ray-address: fp16 sends the exchanges' changes in half the bytes, each "
+        "rounding carried into the next exchange (error feedback); the last exchange is fp32",
+    )
     state_interval: float = flag(
         300.0,
         help="seconds between writes of the training-state file <env>_state.pt (optimizer "
@@ -427,6 +433,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
         raise UsageError(
             f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
             "host:port (the port 'ray start --head' printed, 6379 by default)"
+        )
+    if not config.ray_address and config.exchange_precision != "fp32":
+        raise UsageError(
+            f"--exchange-precision {config.exchange_precision} needs --ray-address (auto, "
+            "host:port or local); drop it for a single-machine run"
         )
     if not config.ray_address and config.nodes:
         raise UsageError(

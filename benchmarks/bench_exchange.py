@@ -2,9 +2,18 @@
 
 Starts Ray's one-machine cluster (a head and one more node, loopback only), puts the real
 `cluster.ParameterServer` on the head with the A3C-LSTM's weights, and times from the other
-node: a node's exchange exactly as `cluster.NodeLauncher` makes it (flat weights, the change,
-``exchange``, applying ``pulled - current``), and the server alone at capacity (several
-pushers at once, no model work). Prints and writes JSON; nothing is asserted.
+node, for each ``--precisions`` in turn (fp32, fp16: one run, so compare their ratio):
+
+- a node's exchange exactly as `cluster.NodeLauncher` makes it (`cluster.WeightSync`: flat
+  weights, the change, ``exchange``, applying what came back), end to end and the server call;
+- the server at capacity: several pushers at once, no model work, exchanges a second;
+- the server's own CPU time per exchange (its process: the method, Ray's (de)serialisation and
+  its threads): on a machine where the pushers do not share the server's cores, one server
+  core serves about 1000 / that many exchanges a second;
+- the two raylets' CPU time per exchange (their object managers move the bytes between the
+  nodes; on a real cluster the head's raylet does its half of this).
+
+Prints and writes JSON; nothing is asserted.
 
     python benchmarks/bench_exchange.py --exchanges 50 --pushers 4 --json out.json
 """
@@ -29,23 +38,34 @@ import gymnasium as gym  # noqa: E402
 from cluster import ParameterServer, WeightSync, flat_weights  # noqa: E402
 from model import A3Clstm  # noqa: E402
 
+DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
-def time_node_exchanges(server, hidden: int, exchanges: int) -> dict[str, float]:
+
+class MeasuredServer(ParameterServer):
+    """The real server, plus a reading of its process's CPU time."""
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds this actor's process has used, all its threads."""
+        return time.process_time()
+
+
+def time_node_exchanges(server, hidden: int, exchanges: int, precision: str) -> dict[str, float]:
     """On the calling node: the mean ms of a full exchange and of the server call alone."""
     import ray
 
     model = A3Clstm(1, gym.spaces.Discrete(6), hidden)
     model.share_memory()
-    sync = WeightSync(model, flat_weights(model))
+    sync = WeightSync(model, flat_weights(model), precision)
     calls: list[float] = []
+    name = f"node-{precision}"
 
     def send(change: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
-        weights, _ = ray.get(server.exchange.remote("bench", change, 0, 0))
+        answer, _ = ray.get(server.exchange.remote(name, change, 0, 0))
         calls.append(time.perf_counter() - started)
-        return weights
+        return answer
 
-    sync.exchange(send)  # warm-up
+    sync.exchange(send)  # warm-up (and, for fp16, the first answer: the weights themselves)
     calls.clear()
     started = time.perf_counter()
     for _ in range(exchanges):
@@ -58,12 +78,41 @@ def time_node_exchanges(server, hidden: int, exchanges: int) -> dict[str, float]
     }
 
 
+def measure(
+    ray, server, timer, push, pushers: int, hidden: int, exchanges: int, precision: str
+) -> dict:
+    """One precision's figures: node exchange, server at capacity, server CPU per exchange."""
+    node = ray.get(timer.remote(server, hidden, exchanges, precision))
+    change = np.zeros(node["weights"], dtype=DTYPES[precision])
+    names = [f"p{i}-{precision}" for i in range(pushers)]
+    ray.get([server.exchange.remote(name, change, 0, 0) for name in names])  # first answers
+    cpu_before = ray.get(server.cpu_seconds.remote())
+    raylets_before = _raylets_cpu_seconds()
+    started = time.perf_counter()
+    counts = ray.get([push.remote(server, change, exchanges, name) for name in names])
+    elapsed = time.perf_counter() - started
+    cpu = ray.get(server.cpu_seconds.remote()) - cpu_before
+    raylets = _raylets_cpu_seconds() - raylets_before
+    done = sum(counts)
+    bytes_one_way = change.nbytes
+    return {
+        "bytes_per_exchange": 2 * bytes_one_way,
+        "exchange_ms": round(node["exchange_ms"], 2),
+        "server_call_ms": round(node["server_call_ms"], 2),
+        "server_exchanges_per_s_at_capacity": round(done / elapsed, 1),
+        "server_cpu_ms_per_exchange": round(1e3 * cpu / done, 2),
+        "server_exchanges_per_s_per_core": round(done / cpu, 1),
+        "raylets_cpu_ms_per_exchange": round(1e3 * raylets / done, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden-size", type=int, default=512)
     parser.add_argument("--exchanges", type=int, default=50)
     parser.add_argument("--pushers", type=int, default=4, help="concurrent pushers at capacity")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"], choices=DTYPES)
     parser.add_argument("--json", type=str, default="")
     args = parser.parse_args(argv)
 
@@ -82,33 +131,25 @@ def main(argv: list[str] | None = None) -> int:
         on_head = NodeAffinitySchedulingStrategy(node_id=head, soft=False)
         on_other = NodeAffinitySchedulingStrategy(node_id=other.node_id, soft=False)
         server = (
-            ray.remote(ParameterServer).options(num_cpus=0, scheduling_strategy=on_head)
+            ray.remote(MeasuredServer).options(num_cpus=0, scheduling_strategy=on_head)
         ).remote(weights)
         timer = ray.remote(time_node_exchanges).options(num_cpus=0, scheduling_strategy=on_other)
-        node_figures = ray.get(timer.remote(server, args.hidden_size, args.exchanges))
-
-        change = np.zeros_like(weights)
-        pushers = [
-            ray.remote(_push_many).options(num_cpus=0, scheduling_strategy=on_other)
-            for _ in range(args.pushers)
-        ]
-        ray.get(server.exchange.remote("warm", change, 0, 0))
-        started = time.perf_counter()
-        counts = ray.get(
-            [push.remote(server, change, args.exchanges, f"p{i}") for i, push in enumerate(pushers)]
-        )
-        elapsed = time.perf_counter() - started
+        push = ray.remote(_push_many).options(num_cpus=0, scheduling_strategy=on_other)
+        figures = {
+            precision: measure(
+                ray, server, timer, push, args.pushers, args.hidden_size, args.exchanges, precision
+            )
+            for precision in args.precisions
+        }
         result = {
             "date": time.strftime("%Y-%m-%d"),
             "cpu": _cpu_name(),
             "ray": ray.__version__,
             "hidden_size": args.hidden_size,
-            "weights": node_figures["weights"],
-            "bytes_per_exchange": 2 * weights.nbytes,
-            "exchange_ms": round(node_figures["exchange_ms"], 2),
-            "server_call_ms": round(node_figures["server_call_ms"], 2),
-            "server_exchanges_per_s_at_capacity": round(sum(counts) / elapsed, 1),
+            "weights": int(weights.size),
             "pushers": args.pushers,
+            "exchanges": args.exchanges,
+            "precisions": figures,
         }
     finally:
         ray.shutdown()
@@ -125,6 +166,20 @@ def _push_many(server, change: np.ndarray, count: int, name: str) -> int:
     for _ in range(count):
         ray.get(server.exchange.remote(name, change, 0, 0))
     return count
+
+
+def _raylets_cpu_seconds() -> float:
+    """CPU seconds (user + system) of every raylet process on this machine."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split(") ", 1)
+        except OSError:
+            continue
+        if name.endswith("(raylet"):
+            fields = rest.split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_name() -> str:

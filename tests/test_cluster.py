@@ -19,7 +19,14 @@ import pytest
 import torch
 from torch import nn
 
-from cluster import ParameterServer, WeightSync, add_flat, flat_weights, set_flat
+from cluster import (
+    ErrorFeedback,
+    ParameterServer,
+    WeightSync,
+    add_flat,
+    flat_weights,
+    set_flat,
+)
 from tests.conftest import PONG, PONG_FLAGS, ROOT, folders, load_pong_dat, run_cli
 
 # Loopback only: otherwise Ray advertises this machine's interface address.
@@ -96,6 +103,69 @@ def test_the_server_adds_every_nodes_push_once():
         server.exchange("node0", np.zeros(5, np.float32), 0, 0)
 
 
+def test_error_feedback_delivers_what_fp16_alone_would_round_away():
+    feedback = ErrorFeedback(3)
+    step = np.array([1e-8, 3e-5, 1.0 + 2**-12], dtype=np.float32)  # under fp16's smallest step,
+    sent = np.zeros(3, np.float64)  # between two fp16 values, and just over 1 (step 2**-10)
+    for _ in range(1000):
+        sent += feedback.send(step).astype(np.float64)
+    meant = 1000 * step.astype(np.float64)
+    assert np.all(step.astype(np.float16).astype(np.float64) * 1000 != meant)  # fp16 alone is off
+    # Everything sent is everything meant, but for the one rounding still owed.
+    assert np.allclose(sent + feedback.owed, meant, rtol=1e-6, atol=1e-9)
+    assert np.all(np.abs(feedback.owed) <= np.abs(step) + 1e-7)
+    assert np.allclose(sent + feedback.flush(np.zeros(3, np.float32)), meant, rtol=1e-6)
+    assert not feedback.owed.any()
+
+
+def test_error_feedback_clips_to_fp16s_range_and_owes_the_rest():
+    feedback = ErrorFeedback(1)
+    first = feedback.send(np.array([1e5], np.float32))
+    assert np.isfinite(first).all() and float(first[0]) == 65504.0
+    assert float(feedback.owed[0]) == 1e5 - 65504.0
+    assert float(feedback.send(np.zeros(1, np.float32))[0]) == 1e5 - 65504.0
+
+
+def test_fp16_exchanges_keep_every_update_and_end_on_the_servers_weights():
+    start = flat_weights(net(0))
+    servers = {p: ParameterServer(start) for p in ("fp32", "fp16")}
+    nodes = {p: [net(0), net(0)] for p in servers}
+    syncs = {p: [WeightSync(n, start.copy(), p) for n in nodes[p]] for p in servers}
+
+    def exchange(precision: str, index: int, during: np.ndarray | None, last: bool = False):
+        def send(sent: np.ndarray) -> np.ndarray:
+            if during is not None:
+                add_flat(nodes[precision][index], during)  # a worker steps meanwhile
+            return servers[precision].exchange(f"n{index}", sent, 0, 0)[0].copy()
+
+        syncs[precision][index].exchange(send, last)
+
+    total = np.zeros_like(start)
+    for round_ in range(6):
+        for index in range(2):
+            rng = np.random.default_rng(10 * round_ + index)
+            # Steps large enough that fp16's rounding of them (2**-11 of each) would show in
+            # the sum without error feedback; the same on both runs.
+            before, during = (3e-2 * rng.normal(size=(2, start.size))).astype(np.float32)
+            total += before + during
+            for precision in servers:
+                add_flat(nodes[precision][index], before)
+                exchange(precision, index, during)
+            if round_ > 0:  # the fp16 node's snapshot is the server's copy of it, to the bit
+                assert np.array_equal(
+                    syncs["fp16"][index].snapshot, servers["fp16"].views[f"n{index}"]
+                )
+    for precision, server in servers.items():
+        for index in range(2):
+            exchange(precision, index, None, last=True)
+            # Right after its last exchange a node holds exactly the server's weights.
+            assert np.array_equal(flat_weights(nodes[precision][index]), server.weights)
+        assert np.allclose(server.weights, start + total, rtol=0, atol=2e-6), precision
+    # The first answer to each node is its float32 weights; the rest go in half the bytes.
+    fp32, fp16 = (servers[p].bytes_exchanged for p in ("fp32", "fp16"))
+    assert fp16 < 0.62 * fp32
+
+
 # -- the CLI without a cluster ------------------------------------------------------------------
 
 
@@ -107,6 +177,11 @@ def test_the_server_adds_every_nodes_push_once():
         (["--ray-address", "local", "--nodes", "-1"], "--nodes must be 0 (every node) or more"),
         (["--ray-address", "host:abc"], "--ray-address 'host:abc' is not an address"),
         (["--ray-address", "head"], "--ray-address 'head' is not an address"),
+        (["--exchange-precision", "fp16"], "--exchange-precision fp16 needs --ray-address"),
+        (
+            ["--ray-address", "local", "--exchange-precision", "bf16"],
+            "argument --exchange-precision: invalid choice: 'bf16'",
+        ),
     ],
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, flags, message):
@@ -194,7 +269,7 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     # After the last exchange every node holds exactly the server's weights.
     assert {cluster["finished"][i]["max_abs_diff_to_server"] for i in ids} == {0.0}
     assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
-    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+    weights = flat_weights(load_pong_dat(tmp_path / "models" / f"{PONG}.dat")).size
 
     evaluated = run_cli(
         "gym_eval.py", "--env", PONG, "--num-episodes", "1", "--hidden-size", "32",
@@ -204,13 +279,23 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
     resumed = run_cli(
-        "main.py", *flags, "--max-steps", "1200", "--load",
+        "main.py", *flags, "--max-steps", "1200", "--load", "--exchange-precision", "fp16",
         "--load-model-dir", str(tmp_path / "models"), timeout=240,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"step {record['finished']['steps']:,}" in resumed.stderr  # resumed from its count
+    assert "exchanges every 1 s (fp16)" in resumed.stderr
     again = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert again["finished"]["steps"] >= 1200
+    assert again["config"]["exchange_precision"] == "fp16"
+    cluster = again["cluster"]
+    assert all(count >= 2 for count in cluster["pushes_per_node"].values())
+    # fp16 exchanges, and still the server's weights exactly after each node's last one.
+    assert {cluster["finished"][i]["max_abs_diff_to_server"] for i in ids} == {0.0}
+    # Per node: the first answer is the float32 weights (2 + 4 bytes a weight), the middle
+    # exchanges fp16 both ways (2 + 2), the last float32 both ways (4 + 4).
+    pushes = sum(cluster["pushes_per_node"].values())
+    assert cluster["bytes_exchanged"] == weights * (4 * pushes + 6 * len(ids))
 
 
 def start_cluster_run(ray_cluster, tmp_path: Path, *flags: str) -> subprocess.Popen:
