@@ -131,6 +131,7 @@ def evaluate(args: EvalConfig) -> dict:
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     env_conf = env_config(read_config(args.env_config), args.env)
     device = worker_device(args.gpu_id)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     def build_env(render_mode: str | None) -> gym.Env:
@@ -207,6 +208,7 @@ def evaluate(args: EvalConfig) -> dict:
         "endings": endings,
         "games_not_over": sum(ending != GAME_OVER for ending in endings),
         "seed": args.seed,
+        "threads": torch.get_num_threads(),
         "command": " ".join(["python", *sys.argv]),
         "protocol": played,
         "training": training_record(args.log_dir, model_path),

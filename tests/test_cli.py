@@ -139,6 +139,8 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
         parse_train_args(["--workers", "0"])
     with pytest.raises(UsageError, match="--num-episodes must be at least 1, got 0"):
         parse_eval_args(["--num-episodes", "0"])
+    with pytest.raises(UsageError, match="--threads must be at least 1, got 0"):
+        parse_eval_args(["--threads", "0"])
     with pytest.raises(UsageError, match=r"--gpu-ids mixes -1 \(CPU\) with GPU ids \[-1, 0\]"):
         parse_train_args(["--gpu-ids", "-1", "0"])
     with pytest.raises(UsageError, match="--lr-schedule linear falls to 0 at --max-steps, which"):
@@ -236,13 +238,14 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     model.write_bytes((ROOT / "trained_models" / f"{PONG}.dat").read_bytes())
     result = run_cli(
         "gym_eval.py", "--env", PONG, "--model", str(model), "--num-episodes", "1",
-        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"),
+        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"), "--threads", "2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"evaluating {model} on {PONG} for 1 games (sticky actions 1)" in result.stderr
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["model"] == str(model) and summary["rewards"] == [-21.0]
     assert summary["protocol"]["repeat_action_probability"] == 1.0
+    assert summary["threads"] == 2
     missing = run_cli("gym_eval.py", "--model", str(tmp_path / "nope.dat"), timeout=60)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
@@ -288,6 +291,7 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     summary = json.loads((tmp_path / "logs" / "BreakoutNoFrameskip-v4_eval.json").read_text())
     assert summary["endings"] == ["stalled", "stalled"] and summary["games_not_over"] == 2
     assert summary["lengths"] == [50, 50]
+    assert summary["threads"] == 1  # the default: steady when training shares the cores
 
 
 def test_gym_eval_render_without_display_says_so(tmp_path):
