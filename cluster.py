@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -48,6 +50,16 @@ RAY_EXCLUDES = [
 
 STOP_SECONDS = 60.0
 """How long the driver waits for the nodes' final exchange when the run stops."""
+
+ADOPT_SECONDS = 10.0
+"""How often the driver looks for alive nodes without a launcher (a node back, or a new one)."""
+
+MAX_STARTS = 3
+"""Launchers started on one node at most: a node whose launcher keeps dying is left alone."""
+
+RESTART_SECONDS = 20.0
+"""How long after a loss a launcher is restarted on the same node: Ray lists a machine that
+died as alive until its health check gives up on it (about 15 s by default)."""
 
 FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -278,6 +290,20 @@ class ParameterServer:
             self.reports.extend(reports)
         return answer, self.total_steps()
 
+    def join(self, node: str) -> dict[str, Any]:
+        """A node launcher starting: the weights, the run's steps, the node's own counts so far.
+
+        A launcher restarted on a node goes on from that node's counts (the run's total would
+        drop otherwise), and its fp16 exchanges start afresh from the weights it gets here.
+        """
+        self.views.pop(node, None)
+        return {
+            "weights": self.weights,
+            "steps": self.total_steps(),
+            "node_steps": self.node_steps.get(node, 0),
+            "node_skipped": self.node_skipped.get(node, 0),
+        }
+
     def total_steps(self) -> int:
         """Agent steps of the whole run: before it, and every node's since."""
         return self.base_steps + sum(self.node_steps.values())
@@ -330,6 +356,14 @@ class NodeLauncher:
         """
         import ray
 
+        # Ray unpacks this code for each node into a folder named by the package, and unpacks
+        # it again (deleting it first) whenever a node on the same machine sets up: a
+        # one-machine cluster's nodes share that folder. A process whose working directory
+        # was deleted cannot spawn (os.getcwd() fails) and its children die loading torch. Its
+        # modules come through PYTHONPATH, which names the folder by path, so the working
+        # directory moves to one no node replaces.
+        os.chdir(tempfile.gettempdir())
+
         from checkpoint import RunPaths
         from main import Launcher
         from model import build_model
@@ -354,8 +388,8 @@ class NodeLauncher:
         model = build_model(env.observation_space, env.action_space, config.hidden_size)
         shape = env.observation_space.shape
         env.close()
-        pulled = ray.get(server.pull.remote())
-        set_flat(model, pulled["weights"])
+        joined = ray.get(server.join.remote(node))
+        set_flat(model, joined["weights"])
         model.share_memory()
         optimizer = None
         if config.shared_optimizer:
@@ -371,8 +405,10 @@ class NodeLauncher:
             extra_slots=1,
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
-        self.pool.ctx.steps[self.others_slot] = pulled["steps"]
-        self.sync = WeightSync(model, pulled["weights"], config.exchange_precision)
+        self.pool.ctx.steps[self.others_slot] = joined["steps"] - joined["node_steps"]
+        # This node's counts before this launcher (a restart): pushed on top of its own.
+        self.before = (joined["node_steps"], joined["node_skipped"])
+        self.sync = WeightSync(model, joined["weights"], config.exchange_precision)
         self.pool.on_poll = self._poll
         self.next_sync = 0.0
         self.round_trip_ms: float | None = None
@@ -386,16 +422,17 @@ class NodeLauncher:
     def _exchange(self, last: bool = False) -> None:
         started = time.monotonic()
         steps, skipped = self._own_steps()
+        node_steps, node_skipped = steps + self.before[0], skipped + self.before[1]
         reports, self.reports = self.reports, []
 
         def send(change: np.ndarray) -> np.ndarray:
-            weights, total = self.ray.get(
+            answer, total = self.ray.get(
                 self.server.exchange.remote(
-                    self.node, change, steps, skipped, self.round_trip_ms, reports
+                    self.node, change, node_steps, node_skipped, self.round_trip_ms, reports
                 )
             )
             self.pool.ctx.steps[self.others_slot] = total - steps
-            return weights
+            return answer
 
         self.sync.exchange(send, last)
         self.round_trip_ms = 1e3 * (time.monotonic() - started)
@@ -512,8 +549,24 @@ def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
     return alive[:wanted] if wanted else alive
 
 
+def pinned(node_id: str) -> Any:
+    """Ray's scheduling strategy that puts an actor on node `node_id` and nowhere else."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
 class ClusterRun:
-    """The driver's side of a cluster run: actors, weights for the test process, node losses."""
+    """The driver's side of a cluster run: actors, weights for the test process, node losses.
+
+    A node whose launcher is lost (its actor died, or its machine) is named in the log and the
+    run goes on with the others. Every `ADOPT_SECONDS` (at once when none is left) the driver
+    starts a launcher on each alive node that has none, up to ``--nodes`` (0: every alive
+    node): a node whose launcher died while the machine lives is restarted (`RESTART_SECONDS`
+    after the loss), and a machine that comes back (Ray gives it a new node id) or joins
+    later is taken on. At most `MAX_STARTS` launchers per node id; a node whose launcher
+    failed (a fatal error, or more worker restarts than allowed) is not restarted.
+    """
 
     def __init__(self, ray: Any, config: TrainConfig, launcher: Any, log: logging.Logger):
         """Start the parameter server and one node launcher per chosen node.
@@ -524,8 +577,6 @@ class ClusterRun:
             launcher: the driver's `main.Launcher` (part ``test``).
             log: where node events go.
         """
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         self.ray = ray
         self.config = config
         self.launcher = launcher
@@ -533,30 +584,24 @@ class ClusterRun:
         nodes = pick_nodes(ray, config.nodes)
         head = nodes[0]["NodeID"]
 
-        def on(node_id: str) -> NodeAffinitySchedulingStrategy:
-            return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-
         ctx = launcher.ctx
         self.server = (
             ray.remote(ParameterServer)
-            .options(num_cpus=0, scheduling_strategy=on(head))
+            .options(num_cpus=0, scheduling_strategy=pinned(head))
             .remote(flat_weights(launcher.shared_model), ctx.total_steps(), ctx.total_skipped())
         )
-        node_actor = ray.remote(NodeLauncher)
-        self.nodes = {
-            node["NodeID"]: {"host": node["NodeManagerAddress"], "workers": config.workers}
-            for node in nodes
-        }
-        self.actors = {
-            node_id: node_actor.options(
-                num_cpus=0, max_concurrency=2, scheduling_strategy=on(node_id)
-            ).remote(config, launcher.env_conf, self.server, node_id, index)
-            for index, node_id in enumerate(self.nodes)
-        }
-        self.runs = {actor.run.remote(): node_id for node_id, actor in self.actors.items()}
+        self.node_actor = ray.remote(NodeLauncher)
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.actors: dict[str, Any] = {}
+        self.runs: dict[Any, str] = {}  # a launcher's run() -> its node id
+        self.starts: dict[str, int] = {}
         self.finished: dict[str, dict[str, Any]] = {}
         self.lost: dict[str, str] = {}
+        self.lost_at: dict[str, float] = {}
+        for node in nodes:
+            self._start(node)
         self.next_pull = 0.0
+        self.next_adopt = time.monotonic() + ADOPT_SECONDS
         # The driver's step count is the cluster's: written here only, in its one slot.
         self.base_steps = ctx.base_steps
         self.base_skipped = ctx.base_skipped
@@ -565,6 +610,45 @@ class ClusterRun:
             f"{self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
             f"({config.exchange_precision})"
         )
+
+    def _start(self, node: dict[str, Any]) -> None:
+        """A node launcher on `node` (a `ray.nodes()` entry), running."""
+        node_id = node["NodeID"]
+        self.nodes[node_id] = {"host": node["NodeManagerAddress"], "workers": self.config.workers}
+        index = sum(self.starts.values())  # a new index each start: its own seeds and ranks
+        actor = self.node_actor.options(
+            num_cpus=0, max_concurrency=2, scheduling_strategy=pinned(node_id)
+        ).remote(self.config, self.launcher.env_conf, self.server, node_id, index)
+        self.actors[node_id] = actor
+        self.runs[actor.run.remote()] = node_id
+        self.starts[node_id] = self.starts.get(node_id, 0) + 1
+
+    def _adopt(self) -> None:
+        """Start launchers on alive nodes without one, up to ``--nodes`` (0: all).
+
+        A node that lost its launcher waits `RESTART_SECONDS`, unless no launcher is left.
+        """
+        now = time.monotonic()
+        self.next_adopt = now + ADOPT_SECONDS
+        running = set(self.runs.values())
+        wanted = self.config.nodes or float("inf")
+        for node in pick_nodes(self.ray, 0):
+            node_id = node["NodeID"]
+            if len(running) >= wanted:
+                return
+            if node_id in running or node_id in self.finished:
+                continue
+            starts = self.starts.get(node_id, 0)
+            recent = now - self.lost_at.get(node_id, -math.inf) < RESTART_SECONDS
+            if starts >= MAX_STARTS or (recent and running):
+                continue
+            self._start(node)
+            running.add(node_id)
+            what = f"restarted (start {starts + 1} of at most {MAX_STARTS})" if starts else "joined"
+            self.log.warning(
+                f"node {node_id[:12]} ({node['NodeManagerAddress']}) {what}; the run goes on "
+                f"with {len(running)} nodes"
+            )
 
     def pull(self) -> None:
         """The server's weights into the driver's model (the test process plays them)."""
@@ -577,13 +661,22 @@ class ClusterRun:
             self.launcher.monitor.take("train", payload)
 
     def poll(self) -> None:
-        """Every supervision round: note nodes that ended or died; pull weights when due."""
+        """Every supervision round: nodes that ended or died, new launchers, weights.
+
+        Notes the launchers that ended or were lost; every `ADOPT_SECONDS` (and at once when
+        the last one was lost) starts launchers on alive nodes without one (`_adopt`); pulls
+        the weights when due.
+        """
         done = []
         if self.runs:
             done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
-        for ref in done:
-            node_id = self.runs.pop(ref)
-            self._settle(node_id, ref)
+        lost = [self._settle(self.runs.pop(ref), ref) for ref in done]
+        # After a loss, wait for the next round unless no launcher is left: Ray may list a
+        # dying machine as alive for some seconds, and a start there would fail.
+        if not self.launcher.ctx.stopping() and (
+            time.monotonic() >= self.next_adopt or (any(lost) and not self.runs)
+        ):
+            self._adopt()
         if not self.runs and not self.launcher.ctx.stopping():
             self.launcher.stop_reason = self.launcher.stop_reason or (
                 "every node stopped" if self.finished else "every node was lost"
@@ -594,13 +687,21 @@ class ClusterRun:
             self.pull()
             self.next_pull = time.monotonic() + self.config.sync_interval
 
-    def _settle(self, node_id: str, ref: Any) -> None:
+    def _settle(self, node_id: str, ref: Any) -> bool:
+        """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
         host = self.nodes[node_id]["host"]
+        lost = False
         try:
             result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
-            cause = str(err).strip().splitlines()[0][:200]
+            lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
+            # A launcher that raised: its traceback's last line names the exception (the
+            # first is Ray's "ray::NodeLauncher.run() (pid=...)"); else Ray's own reason.
+            task_error = isinstance(err, self.ray.exceptions.RayTaskError)
+            cause = (lines[-1] if task_error else lines[0]).strip()[:300]
             self.lost[node_id] = cause
+            self.lost_at[node_id] = time.monotonic()
+            lost = True
             self.log.error(
                 f"node {node_id[:12]} ({host}) lost: {cause}; the run goes on with "
                 f"{len(self.runs)} nodes"
@@ -612,12 +713,12 @@ class ClusterRun:
                     f"goes on with {len(self.runs)} nodes"
                 )
         self.ray.kill(self.actors[node_id])  # its run is over: free its model and optimizer
+        return lost
 
     def stop(self) -> None:
         """Stop every node, wait for its last exchange, pull the final weights, record it all."""
-        for node_id, actor in self.actors.items():
-            if node_id not in self.finished and node_id not in self.lost:
-                actor.stop.remote()
+        for node_id in self.runs.values():
+            self.actors[node_id].stop.remote()
         deadline = time.monotonic() + STOP_SECONDS
         while self.runs and time.monotonic() < deadline:
             done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
@@ -643,6 +744,7 @@ class ClusterRun:
             ],
             **stats,
             "sync_interval": self.config.sync_interval,
+            "starts": self.starts,
             "finished": self.finished,
             "lost": self.lost,
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,6 +167,32 @@ def test_fp16_exchanges_keep_every_update_and_end_on_the_servers_weights():
     assert fp16 < 0.62 * fp32
 
 
+def test_a_restarted_node_goes_on_from_its_counts_and_starts_its_fp16_exchanges_afresh():
+    start = flat_weights(net(0))
+    server = ParameterServer(start, base_steps=100)
+    node = net(0)
+    sync = WeightSync(node, start.copy(), "fp16")
+    for steps in (10, 20):
+        hogwild_update(node, steps)
+        sync.exchange(lambda change, n=steps: server.exchange("a", change, n, 1)[0].copy())
+    assert "a" in server.views
+    joined = server.join("a")  # a new launcher on node "a"
+    assert (joined["steps"], joined["node_steps"], joined["node_skipped"]) == (120, 20, 1)
+    assert "a" not in server.views
+    weights = joined["weights"].copy()  # what Ray would hand over: a copy
+    fresh = net(1)
+    set_flat(fresh, weights)
+    resync = WeightSync(fresh, weights.copy(), "fp16")
+    made = 1e-3 * hogwild_update(net(2), 3)
+    add_flat(fresh, made)
+    # Its first fp16 push is answered with the weights, not a change since the old snapshot.
+    resync.exchange(lambda change: server.exchange("a", change, 20 + 5, 1)[0].copy())
+    assert np.array_equal(resync.snapshot, server.weights)
+    assert np.array_equal(flat_weights(fresh), server.weights)
+    assert np.allclose(server.weights, weights + made, rtol=0, atol=1e-6)
+    assert server.pull()["steps"] == 125
+
+
 # -- the CLI without a cluster ------------------------------------------------------------------
 
 
@@ -216,14 +243,16 @@ def test_a_single_machine_run_never_imports_ray():
 # -- a real Ray cluster: one head and one more node on this machine -----------------------------
 
 
+NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    cluster.add_node(**node)
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     yield cluster
     cluster.shutdown()
@@ -311,9 +340,40 @@ def count_test_games(tmp_path: Path) -> int:
     return log.read_text().count("episode reward") if log.exists() else 0
 
 
+class ClusterRunProcess:
+    """``main.py`` on the test cluster, with no step budget, its stderr in a file to read."""
+
+    def __init__(self, ray_cluster, tmp_path: Path):
+        self.stderr_path = tmp_path / "stderr.log"
+        with self.stderr_path.open("w") as stderr_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address,
+                 *folders(tmp_path)],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True,
+            )  # fmt: skip
+
+    def said(self, text: str) -> bool:
+        return text in self.stderr_path.read_text()
+
+    def steps_in_status_lines(self) -> list[int]:
+        return [int(m.replace(",", "")) for m in re.findall(r"\| steps ([\d,]+) \|", self.stderr())]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
 @pytest.mark.slow
-def test_a_lost_node_is_named_and_the_run_goes_on(ray_cluster, tmp_path):
-    proc = start_cluster_run(ray_cluster, tmp_path, "--max-steps", "3000")
+def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_cluster, tmp_path):
+    run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
         wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
         wait_until(lambda: count_test_games(tmp_path) >= 3, 120, "test games")
@@ -322,17 +382,48 @@ def test_a_lost_node_is_named_and_the_run_goes_on(ray_cluster, tmp_path):
         victim = launchers[-1]
         victims_children = [pid for pid, parent in table.items() if parent == victim]
         os.kill(victim, signal.SIGKILL)
-        _, stderr = proc.communicate(timeout=300)
+        wait_until(lambda: run.said("the run goes on with 1 nodes"), 60, "the loss named")
+        # Its machine is alive: a new launcher starts there once the restart wait is over.
+        wait_until(lambda: run.said("restarted (start 2 of at most 3)"), 120, "the restart")
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
+        steps = run.steps_in_status_lines()[-1]
+        wait_until(lambda: run.steps_in_status_lines()[-1] > steps, 120, "more steps")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "lost:" in stderr and "the run goes on with 1 nodes" in stderr
-    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
-    assert len(record["cluster"]["lost"]) == 1 and len(record["cluster"]["finished"]) == 1
-    assert record["finished"]["steps"] >= 3000
+        code = run.stop()
+    assert code == 0, run.stderr()[-3000:]
+    cluster = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
+    (victim_node,) = cluster["lost"]
+    assert cluster["starts"][victim_node] == 2 and len(cluster["nodes"]) == 2
+    assert set(cluster["finished"]) == set(cluster["starts"])  # both ended with the run
+    # The new launcher went on from the node's step count: the run's count never fell.
+    counts = run.steps_in_status_lines()
+    assert counts == sorted(counts) and counts[-1] > 0
     # The lost launcher's workers noticed it was gone and stopped by themselves.
     wait_until(lambda: not set(victims_children) & set(actor_processes()), 30, "orphans to stop")
+
+
+@pytest.mark.slow
+def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluster, tmp_path):
+    run = ClusterRunProcess(ray_cluster, tmp_path)
+    try:
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
+        wait_until(lambda: count_test_games(tmp_path) >= 2, 120, "test games")
+        (machine,) = ray_cluster.worker_nodes
+        ray_cluster.remove_node(machine, allow_graceful=False)  # the raylet and all on it die
+        wait_until(lambda: run.said("the run goes on with 1 nodes"), 120, "the loss named")
+        ray_cluster.add_node(**NODE)  # a machine joins (or the lost one comes back: a new id)
+        wait_until(lambda: run.said(") joined; the run goes on"), 120, "the new node")
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
+    finally:
+        code = run.stop()
+    assert code == 0, run.stderr()[-3000:]
+    cluster = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
+    assert len(cluster["nodes"]) == 3 and len(cluster["lost"]) == 1
+    (lost,) = cluster["lost"]
+    assert lost not in cluster["finished"] and len(cluster["finished"]) == 2
+    # The new machine's launcher trained and made its last exchange; nobody failed.
+    assert all(cluster["pushes_per_node"][node] >= 1 for node in cluster["finished"])
+    assert not any(result["failed"] for result in cluster["finished"].values())
 
 
 @pytest.mark.slow
