@@ -97,7 +97,7 @@ def _write_flat(
     with torch.no_grad():
         for param in model.parameters():
             size = param.numel()
-            write(param, torch.from_numpy(flat[offset : offset + size]).view_as(param))
+            write(param, _tensor(flat[offset : offset + size]).view_as(param))
             offset += size
 
 

@@ -9,6 +9,12 @@ sampled the run. A configuration stops as soon as it reaches its highest target.
     python benchmarks/time_to_score.py --minutes 30 --config "" --config "--envs-per-worker 16"
     python benchmarks/time_to_score.py --env BreakoutNoFrameskip-v4 --target 50 100 200 \
         --minutes 120 --config "--envs-per-worker 8 --precision bf16"
+    python benchmarks/time_to_score.py --ray-nodes 2 --workers 1 --config "--envs-per-worker 8"
+
+``--ray-nodes N`` trains on Ray's one-machine cluster instead: a head and N - 1 more nodes on
+this machine (1 CPU each, loopback only), ``--workers`` per node, one test process on the head,
+as ``main.py --ray-address`` runs on a real cluster. The frames are every node's together, so
+the milestone's frames compare with a single-machine run's of the same mode.
 
 How the figure is kept honest: the test process plays greedy games back to back
 (``--test-interval 0``), each with the latest weights, and a game's time is when it ended, so
@@ -21,6 +27,7 @@ workers together.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -32,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,27 +98,57 @@ def summarise(log: Path, targets: list[float], window: int) -> dict:
 
 
 def main_py_flags(
-    extra: list[str], env: str, workers: int, test_niceness: int, seed: int
-) -> list[str]:
+    extra: list[str], env: str, workers: int, test_niceness: int, seed: int,
+    ray_address: str | None = None,
+) -> list[str]:  # fmt: skip
     """The main.py flags of one configuration's run (without its output folders)."""
+    cluster = [] if ray_address is None else ["--ray-address", ray_address]
     return [
         "--env", env, "--workers", str(workers), "--seed", str(seed), "--test-interval", "0",
-        "--test-niceness", str(test_niceness), "--status-interval", "10", *extra,
+        "--test-niceness", str(test_niceness), "--status-interval", "10", *cluster, *extra,
     ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def one_machine_cluster(nodes: int) -> Iterator[str | None]:
+    """Ray's one-machine cluster of `nodes` nodes (none for 0), yielding its address.
+
+    Each node has 1 CPU and a small object store and listens on loopback only; the cluster is
+    shut down on the way out, whatever happened.
+    """
+    if nodes == 0:
+        yield None
+        return
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
 
 
 def run_config(
     extra: list[str], env: str, workers: int, minutes: float, targets: list[float], window: int,
     test_niceness: int, seed: int, warmup: float, keep: Path | None,
+    ray_address: str | None = None,
 ) -> dict:  # fmt: skip
     """Train one configuration until it reaches its highest target or the time budget ends.
+
+    With `ray_address`, main.py trains on that Ray cluster (`workers` per node).
 
     The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
     or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
     """
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
-            sys.executable, "main.py", *main_py_flags(extra, env, workers, test_niceness, seed),
+            sys.executable, "main.py",
+            *main_py_flags(extra, env, workers, test_niceness, seed, ray_address),
             "--save-model-dir", f"{tmp}/", "--log-dir", f"{tmp}/",
         ]  # fmt: skip
         log = Path(tmp) / f"{env.replace('/', '_')}_log"
@@ -208,12 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=10, help="test games in the mean")
     p.add_argument("--test-niceness", type=int, default=10, help="as main.py's (its default)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--ray-nodes", type=int, default=0,
+        help="train on Ray's one-machine cluster of this many nodes (--workers per node; "
+        "needs requirements-ray.txt); 0: no Ray (default)",
+    )  # fmt: skip
     p.add_argument("--warmup", type=float, default=60, help="seconds left out of frames/s")
     p.add_argument("--keep-logs", type=Path, help="copy each run's training log here")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     if args.minutes <= 0:
         p.error(f"--minutes must be positive, got {args.minutes}")
+    if args.ray_nodes < 0:
+        p.error(f"--ray-nodes must be 0 (no Ray) or a number of nodes, got {args.ray_nodes}")
+    ray_flag = "auto" if args.ray_nodes else None  # the address is known once the cluster is up
     configs = args.config or [""]
     for config in configs:
         try:
@@ -222,23 +268,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"time_to_score.py: error: --config {config!r}: {err}", file=sys.stderr)
             return 2
         refusal = main_py_refusal(
-            main_py_flags(flags, args.env, args.workers, args.test_niceness, args.seed)
+            main_py_flags(flags, args.env, args.workers, args.test_niceness, args.seed, ray_flag)
         )
         if refusal is not None:
             print(f"time_to_score.py: error: --config {config!r}: {refusal}", file=sys.stderr)
             return 2
     results = []
     failed = False
-    for config in configs:
-        row = run_config(
-            shlex.split(config), args.env, args.workers, args.minutes, args.targets,
-            args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs,
-        )  # fmt: skip
-        results.append(row)
-        print(describe(row, args.targets, args.window), flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=2))
-        failed |= bool(row["stopped_itself"] and row["exit_code"])
+    with one_machine_cluster(args.ray_nodes) as address:
+        for config in configs:
+            row = run_config(
+                shlex.split(config), args.env, args.workers, args.minutes, args.targets,
+                args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs, address,
+            )  # fmt: skip
+            row["ray_nodes"] = args.ray_nodes
+            results.append(row)
+            print(describe(row, args.targets, args.window), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2))
+            failed |= bool(row["stopped_itself"] and row["exit_code"])
     return 1 if failed else 0
 
 

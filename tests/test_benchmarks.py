@@ -105,6 +105,15 @@ def test_time_to_score_checks_every_config_before_the_first_run(monkeypatch, cap
     assert "No closing quotation" in capsys.readouterr().err
 
 
+def test_time_to_score_on_a_cluster_passes_its_address_and_refuses_bad_node_counts(capsys):
+    flags = time_to_score.main_py_flags(["--lr", "0.001"], "PongNoFrameskip-v4", 1, 5, 1, "h:1")
+    assert flags[flags.index("--ray-address") + 1] == "h:1" and flags[-2:] == ["--lr", "0.001"]
+    assert "--ray-address" not in time_to_score.main_py_flags([], "PongNoFrameskip-v4", 2, 5, 1)
+    with pytest.raises(SystemExit):
+        time_to_score.main(["--ray-nodes", "-1"])
+    assert "--ray-nodes must be 0 (no Ray) or a number of nodes, got -1" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_time_to_score_says_when_main_py_stopped_by_itself(tmp_path, capsys):
     """A run main.py ends on its own is reported with its exit code and last line, not as
