@@ -165,16 +165,19 @@ def run_config(
         )
         reader.start()
         result: dict = {}
-        while proc.poll() is None and time.monotonic() - started < minutes * 60:
-            time.sleep(10)
-            if log.exists():
-                result = summarise(log, targets, window)
-                if result["reached"]:
-                    break
-        stopped_itself = proc.poll() is not None
-        if not stopped_itself:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=120)
+        stopped_itself = False
+        try:
+            while proc.poll() is None and time.monotonic() - started < minutes * 60:
+                time.sleep(10)
+                if log.exists():
+                    result = summarise(log, targets, window)
+                    if result["reached"]:
+                        break
+        finally:  # also on Ctrl-C: main.py runs in a session of its own, which the ^C missed
+            stopped_itself = proc.poll() is not None
+            if not stopped_itself:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=120)
         reader.join(timeout=10)
         result = summarise(log, targets, window) if log.exists() else {"reached": False}
         stderr = "".join(stderr_lines)
