@@ -242,6 +242,7 @@ class ParameterServer:
         self.round_trips: dict[str, tuple[int, float]] = {}
         self.reports: list[dict[str, Any]] = []
         self.views: dict[str, np.ndarray] = {}
+        self.generations: dict[str, int] = {}  # node -> how many launchers joined from it
 
     def exchange(
         self,
@@ -251,6 +252,7 @@ class ParameterServer:
         skipped: int,
         last_round_trip_ms: float | None = None,
         reports: list[dict[str, Any]] | None = None,
+        generation: int = 0,
     ) -> tuple[np.ndarray, int]:
         """Add a node's change; return the global weights and the run's total steps.
 
@@ -259,6 +261,10 @@ class ParameterServer:
         the next answer (error feedback on the way back). The node's first fp16 exchange, and
         any float32 one, is answered with the weights themselves.
 
+        A launcher replaced by a newer one on its node (an older `generation`, arriving late)
+        still has its change added, but touches neither the node's counts nor its fp16 view,
+        which are the new launcher's, and is answered in float32.
+
         Args:
             node: the node's id.
             change: its weights' change since its last exchange (float32 or fp16).
@@ -266,10 +272,14 @@ class ParameterServer:
             skipped: its own skipped updates so far.
             last_round_trip_ms: how long its previous exchange took, end to end.
             reports: its workers' training summaries since its last exchange.
+            generation: what `join` gave this launcher.
         """
         if change.shape != self.weights.shape:
             raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
         add_into(self.weights, change)
+        if generation != self.generations.get(node, 0):
+            self.bytes_exchanged += change.nbytes + self.weights.nbytes
+            return self.weights, self.total_steps()
         answer = self.weights
         view = self.views.get(node)
         if change.dtype != np.float16:
@@ -294,15 +304,22 @@ class ParameterServer:
         """A node launcher starting: the weights, the run's steps, the node's own counts so far.
 
         A launcher restarted on a node goes on from that node's counts (the run's total would
-        drop otherwise), and its fp16 exchanges start afresh from the weights it gets here.
+        drop otherwise), and its fp16 exchanges start afresh from the weights it gets here. Its
+        `generation` is passed with each exchange: an older launcher's late ones are told apart.
         """
         self.views.pop(node, None)
+        self.generations[node] = self.generations.get(node, -1) + 1
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
             "node_steps": self.node_steps.get(node, 0),
             "node_skipped": self.node_skipped.get(node, 0),
+            "generation": self.generations[node],
         }
+
+    def leave(self, node: str) -> None:
+        """A node's launcher lost: drop its fp16 view (a model's copy); its counts stay."""
+        self.views.pop(node, None)
 
     def total_steps(self) -> int:
         """Agent steps of the whole run: before it, and every node's since."""
@@ -405,9 +422,12 @@ class NodeLauncher:
             extra_slots=1,
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
-        self.pool.ctx.steps[self.others_slot] = joined["steps"] - joined["node_steps"]
+        # Everything but this launcher's own steps: the other nodes' and this node's before
+        # this launcher (a restart), as each exchange writes it below.
+        self.pool.ctx.steps[self.others_slot] = joined["steps"]
         # This node's counts before this launcher (a restart): pushed on top of its own.
         self.before = (joined["node_steps"], joined["node_skipped"])
+        self.generation = joined["generation"]
         self.sync = WeightSync(model, joined["weights"], config.exchange_precision)
         self.pool.on_poll = self._poll
         self.next_sync = 0.0
@@ -428,7 +448,13 @@ class NodeLauncher:
         def send(change: np.ndarray) -> np.ndarray:
             answer, total = self.ray.get(
                 self.server.exchange.remote(
-                    self.node, change, node_steps, node_skipped, self.round_trip_ms, reports
+                    self.node,
+                    change,
+                    node_steps,
+                    node_skipped,
+                    self.round_trip_ms,
+                    reports,
+                    self.generation,
                 )
             )
             self.pool.ctx.steps[self.others_slot] = total - steps
@@ -607,6 +633,7 @@ class ClusterRun:
         self.finished: dict[str, dict[str, Any]] = {}
         self.lost: dict[str, str] = {}
         self.lost_at: dict[str, float] = {}
+        self.refused: set[str] = set()  # nodes whose launcher could not start: not retried
         for node in nodes:
             self._start(node)
         self.next_pull = 0.0
@@ -639,13 +666,17 @@ class ClusterRun:
         """
         now = time.monotonic()
         self.next_adopt = now + ADOPT_SECONDS
+        if self.launcher.ctx.budget_reached() or any(
+            not r["failed"] for r in self.finished.values()
+        ):
+            return  # the run is ending: a node stopped on the budget or its workers' end
         running = set(self.runs.values())
         wanted = self.config.nodes or float("inf")
         for node in pick_nodes(self.ray, 0):
             node_id = node["NodeID"]
             if len(running) >= wanted:
                 return
-            if node_id in running or node_id in self.finished:
+            if node_id in running or node_id in self.finished or node_id in self.refused:
                 continue
             starts = self.starts.get(node_id, 0)
             recent = now - self.lost_at.get(node_id, -math.inf) < RESTART_SECONDS
@@ -693,7 +724,13 @@ class ClusterRun:
             self.launcher.failed = all(r["failed"] for r in self.finished.values())
             self.launcher.ctx.request_stop()
         if time.monotonic() >= self.next_pull:
-            self.pull()
+            try:
+                self.pull()
+            except self.ray.exceptions.RayError as err:
+                lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
+                self.launcher.stop_reason = f"the parameter server was lost: {lines[0][:300]}"
+                self.launcher.failed = True
+                self.launcher.ctx.request_stop()
             self.next_pull = time.monotonic() + self.config.sync_interval
 
     def _settle(self, node_id: str, ref: Any) -> bool:
@@ -704,16 +741,22 @@ class ClusterRun:
             result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
             lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
-            # A launcher that raised: its traceback's last line names the exception (the
-            # first is Ray's "ray::NodeLauncher.run() (pid=...)"); else Ray's own reason.
-            task_error = isinstance(err, self.ray.exceptions.RayTaskError)
+            # A launcher that raised, in run() or while starting (a machine short of the
+            # --gpu-ids, say): its traceback's last line names the exception (the first is
+            # Ray's "ray::NodeLauncher.run() (pid=...)"); else Ray's own reason.
+            refused = bool(getattr(err, "actor_init_failed", False))
+            task_error = refused or isinstance(err, self.ray.exceptions.RayTaskError)
             cause = (lines[-1] if task_error else lines[0]).strip()[:300]
             self.lost[node_id] = cause
             self.lost_at[node_id] = time.monotonic()
             lost = True
+            self.server.leave.remote(node_id)
+            if refused:
+                self.refused.add(node_id)  # the same machine would refuse again
             self.log.error(
-                f"node {node_id[:12]} ({host}) lost: {cause}; the run goes on with "
-                f"{len(self.runs)} nodes"
+                f"node {node_id[:12]} ({host}) "
+                + ("could not start" if refused else "lost")
+                + f": {cause}; the run goes on with {len(self.runs)} nodes"
             )
         else:
             if result["failed"]:
@@ -740,6 +783,8 @@ class ClusterRun:
                 f"within {STOP_SECONDS:.0f} s: stopped without its last updates"
             )
             self.ray.kill(self.actors[node_id])  # its workers then stop by themselves
+        if not any(not r["failed"] for r in self.finished.values()):
+            self.launcher.failed = True  # every node failed or was lost, to the end
         try:
             self.pull()
             stats = self.ray.get(self.server.stats.remote())

@@ -262,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--minutes must be positive, got {args.minutes}")
     if args.ray_nodes < 0:
         p.error(f"--ray-nodes must be 0 (no Ray) or a number of nodes, got {args.ray_nodes}")
+    if args.ray_nodes:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            p.error(
+                "--ray-nodes needs Ray, which is not installed: pip install -r requirements-ray.txt"
+            )
     ray_flag = "auto" if args.ray_nodes else None  # the address is known once the cluster is up
     configs = args.config or [""]
     for config in configs:

@@ -193,6 +193,27 @@ def test_a_restarted_node_goes_on_from_its_counts_and_starts_its_fp16_exchanges_
     assert server.pull()["steps"] == 125
 
 
+def test_a_replaced_launchers_late_exchange_counts_but_leaves_the_new_ones_state_alone():
+    start = flat_weights(net(0))
+    server = ParameterServer(start)
+    old = server.join("a")["generation"]
+    fp16 = np.full(start.shape, 2**-10, dtype=np.float16)
+    server.exchange("a", fp16, 10, 1, generation=old)  # its first fp16 exchange: a view
+    new = server.join("a")  # the launcher is restarted on its machine
+    assert new["generation"] == old + 1 and "a" not in server.views
+    server.exchange("a", fp16, 3, 0, generation=new["generation"])
+    view = server.views["a"].copy()
+    # The replaced launcher's last exchange arrives late: its updates are added, but the
+    # node's counts and fp16 view are the new launcher's, and the answer is the weights.
+    answer, total = server.exchange("a", fp16, 99, 9, generation=old)
+    assert answer.dtype == np.float32 and np.array_equal(answer, server.weights)
+    assert np.array_equal(server.views["a"], view)
+    assert (server.node_steps["a"], server.node_skipped["a"], total) == (3, 0, 3)
+    assert np.allclose(server.weights, start + 3 * 2**-10, rtol=0, atol=1e-7)
+    server.leave("a")  # lost: its view (a copy of the model) goes, its counts stay
+    assert "a" not in server.views and server.pull()["steps"] == 3
+
+
 # -- the CLI without a cluster ------------------------------------------------------------------
 
 
