@@ -153,9 +153,13 @@ def run_config(
         ]  # fmt: skip
         log = Path(tmp) / f"{env.replace('/', '_')}_log"
         started = time.monotonic()
+        # A process group of its own (the stop below signals it), but this session: Linux's
+        # autogroup shares the CPU fairly between sessions, so main.py in a session of its own
+        # would hold its test process's share apart from the Ray workers' (started from this
+        # session), and --test-niceness would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            start_new_session=True,
+            process_group=0,
         )  # fmt: skip
         stderr_lines: list[str] = []
         # Read stderr in the background so the launcher never blocks on a full pipe.
@@ -173,7 +177,7 @@ def run_config(
                     result = summarise(log, targets, window)
                     if result["reached"]:
                         break
-        finally:  # also on Ctrl-C: main.py runs in a session of its own, which the ^C missed
+        finally:  # also on Ctrl-C: main.py runs in a process group of its own, which ^C missed
             stopped_itself = proc.poll() is not None
             if not stopped_itself:
                 os.killpg(proc.pid, signal.SIGINT)
