@@ -223,7 +223,8 @@ def plot_curve(
         ax.set_ylabel("test reward")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
-    sittings = f" ({len(logs)} sittings)" if len(logs) > 1 else ""
+    earlier = len(logs) - 1
+    sittings = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
     fig.suptitle(title or f"{Path(logs[-1]).name}{sittings}: {len(games)} test games")
     fig.tight_layout()
     out = Path(out)
