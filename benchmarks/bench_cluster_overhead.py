@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
-from bench_exchange import _cpu_name  # noqa: E402
+from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
 from bench_training import run_once  # noqa: E402
 
 
@@ -41,12 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
 
-    from ray.cluster_utils import Cluster
-
-    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    cluster.add_node(**node)
-    cluster.wait_for_nodes()
+    cluster = start_one_machine_cluster(2)
     common = ["--env", args.env, *shlex.split(args.flags), "--status-interval", "5"]
     runs: dict[str, list[float]] = {"single": [], "cluster": []}
     try:

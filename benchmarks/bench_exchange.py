@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +107,26 @@ def measure(
     }
 
 
+def start_one_machine_cluster(nodes: int) -> Any:
+    """Ray's one-machine cluster, running: a head and `nodes` - 1 more nodes.
+
+    Each node has 1 CPU and a small object store, no dashboard, and listens on loopback only
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set on import). The caller shuts it down.
+    """
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**node)
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -117,13 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import ray
-    from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    other = cluster.add_node(**node)
-    cluster.wait_for_nodes()
+    cluster = start_one_machine_cluster(2)
+    (other,) = cluster.worker_nodes
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         head = ray.get_runtime_context().get_node_id()

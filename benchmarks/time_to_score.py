@@ -119,15 +119,10 @@ def one_machine_cluster(nodes: int) -> Iterator[str | None]:
     if nodes == 0:
         yield None
         return
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
-    from ray.cluster_utils import Cluster
+    from bench_exchange import start_one_machine_cluster  # imports Ray's settings for it
 
-    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster = start_one_machine_cluster(nodes)
     try:
-        for _ in range(nodes - 1):
-            cluster.add_node(**node)
-        cluster.wait_for_nodes()
         yield cluster.address
     finally:
         cluster.shutdown()
