@@ -195,7 +195,10 @@ def protocol(
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
-        return {"env": env_id, "episode_cap_steps": max_episode_length}
+        # `vector_env` only ever shortens the env's own time limit (CartPole's 500).
+        own_cap = spec.max_episode_steps
+        cap = max_episode_length if own_cap is None else min(own_cap, max_episode_length)
+        return {"env": env_id, "episode_cap_steps": cap}
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
     skip: int | list[int] = skip_rate if we_skip else ale_skip

@@ -363,6 +363,8 @@ def test_protocol_says_how_games_are_played():
     assert v5["repeat_action_probability"] == 0.25 and v5["episode_cap_steps"] == 500
     assert protocol("Pong-v0", 4, 10000)["frame_skip"] == [2, 4]  # ALE draws 2..4
     assert protocol("CartPole-v1", 4, 200) == {"env": "CartPole-v1", "episode_cap_steps": 200}
+    # --max-episode-length only shortens a non-ALE env's own limit: CartPole's 500 stays.
+    assert protocol("CartPole-v1", 4, 10000)["episode_cap_steps"] == 500
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
