@@ -348,23 +348,20 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert cluster["bytes_exchanged"] == weights * (4 * pushes + 6 * len(ids))
 
 
-def start_cluster_run(ray_cluster, tmp_path: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address,
-         *folders(tmp_path), *flags],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-
-
 def count_test_games(tmp_path: Path) -> int:
     log = tmp_path / "logs" / f"{PONG}_log"
     return log.read_text().count("episode reward") if log.exists() else 0
 
 
 class ClusterRunProcess:
-    """``main.py`` on the test cluster, with no step budget, its stderr in a file to read."""
+    """``main.py`` on the test cluster, with no step budget, its stderr in a file to read.
+
+    A file, not a pipe: nobody reads a pipe while the run goes on, and a full one would
+    block the driver.
+    """
 
     def __init__(self, ray_cluster, tmp_path: Path):
+        self.tmp_path = tmp_path
         self.stderr_path = tmp_path / "stderr.log"
         with self.stderr_path.open("w") as stderr_file:
             self.proc = subprocess.Popen(
@@ -372,6 +369,11 @@ class ClusterRunProcess:
                  *folders(tmp_path)],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True,
             )  # fmt: skip
+
+    def wait_until_training(self, test_games: int) -> None:
+        """Waits for both node launchers and their workers, then for this many test games."""
+        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
+        wait_until(lambda: count_test_games(self.tmp_path) >= test_games, 120, "test games")
 
     def said(self, text: str) -> bool:
         return text in self.stderr_path.read_text()
@@ -391,13 +393,17 @@ class ClusterRunProcess:
                 self.proc.kill()
         return self.proc.wait()
 
+    def cluster_record(self) -> dict:
+        """The run record's ``cluster`` entry, once the run has exited 0."""
+        assert self.proc.returncode == 0, self.stderr()[-3000:]
+        return json.loads((self.tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
+
 
 @pytest.mark.slow
 def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_cluster, tmp_path):
     run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
-        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
-        wait_until(lambda: count_test_games(tmp_path) >= 3, 120, "test games")
+        run.wait_until_training(test_games=3)
         table = actor_processes()
         launchers = sorted(pid for pid, parent in table.items() if parent not in table)
         victim = launchers[-1]
@@ -410,9 +416,8 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
         steps = run.steps_in_status_lines()[-1]
         wait_until(lambda: run.steps_in_status_lines()[-1] > steps, 120, "more steps")
     finally:
-        code = run.stop()
-    assert code == 0, run.stderr()[-3000:]
-    cluster = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
+        run.stop()
+    cluster = run.cluster_record()
     (victim_node,) = cluster["lost"]
     assert cluster["starts"][victim_node] == 2 and len(cluster["nodes"]) == 2
     assert set(cluster["finished"]) == set(cluster["starts"])  # both ended with the run
@@ -427,8 +432,7 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
 def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluster, tmp_path):
     run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
-        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
-        wait_until(lambda: count_test_games(tmp_path) >= 2, 120, "test games")
+        run.wait_until_training(test_games=2)
         (machine,) = ray_cluster.worker_nodes
         ray_cluster.remove_node(machine, allow_graceful=False)  # the raylet and all on it die
         wait_until(lambda: run.said("the run goes on with 1 nodes"), 120, "the loss named")
@@ -436,9 +440,8 @@ def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluste
         wait_until(lambda: run.said(") joined; the run goes on"), 120, "the new node")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
     finally:
-        code = run.stop()
-    assert code == 0, run.stderr()[-3000:]
-    cluster = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
+        run.stop()
+    cluster = run.cluster_record()
     assert len(cluster["nodes"]) == 3 and len(cluster["lost"]) == 1
     (lost,) = cluster["lost"]
     assert lost not in cluster["finished"] and len(cluster["finished"]) == 2
@@ -449,34 +452,27 @@ def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluste
 
 @pytest.mark.slow
 def test_ctrl_c_on_the_driver_stops_every_node_and_saves(ray_cluster, tmp_path):
-    proc = start_cluster_run(ray_cluster, tmp_path)  # no budget: only Ctrl-C ends it
+    run = ClusterRunProcess(ray_cluster, tmp_path)  # no budget: only Ctrl-C ends it
     try:
-        wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
-        wait_until(lambda: count_test_games(tmp_path) >= 2, 120, "test games")
+        run.wait_until_training(test_games=2)
         running = set(actor_processes())
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "stopped: SIGINT received" in stderr
+        run.stop()  # SIGINT
+    cluster = run.cluster_record()
+    assert "stopped: SIGINT received" in run.stderr()
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
-    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
-    assert len(record["cluster"]["finished"]) == 2
+    assert len(cluster["finished"]) == 2
     wait_until(lambda: not running & set(actor_processes()), 30, "every process of the run")
 
 
 @pytest.mark.slow
 def test_a_sigkilled_driver_leaves_nothing_running_on_any_node(ray_cluster, tmp_path):
-    proc = start_cluster_run(ray_cluster, tmp_path)
+    run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
         wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
         running = set(actor_processes())
-        proc.kill()
-        proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        run.proc.kill()
+        run.proc.wait(timeout=30)
     # Ray ends the actors the dead driver owned; their workers see their launcher gone.
     wait_until(lambda: not running & set(actor_processes()), 60, "every process of the run")
