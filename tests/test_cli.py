@@ -54,6 +54,7 @@ from utils import UsageError
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
         (["--repeat-action-probability", "1.5"], "--repeat-action-probability must be in [0, 1]"),
         (["--repeat-action-probability", "nan"], "--repeat-action-probability must be in [0, 1]"),
+        (["--repeat-action-probability=-0.1"], "--repeat-action-probability must be in [0, 1]"),
         (
             ["--env", "CartPole-v1", "--repeat-action-probability", "0"],
             "applies to ALE games only",
@@ -246,6 +247,24 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert summary["model"] == str(model) and summary["rewards"] == [-21.0]
     assert summary["protocol"]["repeat_action_probability"] == 1.0
     assert summary["threads"] == 2
+    # The same file on another env id, no copy to <env>.dat: ALE's own v5 stack, whose sticky
+    # default the flag overrides.
+    result = run_cli(
+        "gym_eval.py", "--env", "ALE/Pong-v5", "--model", str(model), "--num-episodes", "1",
+        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    v5 = json.loads((tmp_path / "logs" / "ALE_Pong-v5_eval.json").read_text())
+    assert v5["model"] == str(model) and v5["rewards"] == [-21.0]
+    assert v5["protocol"]["repeat_action_probability"] == 1.0
+    assert v5["protocol"]["max_pool_frames"] is False
+    for bad in ("-0.1", "1.5"):
+        refused = run_cli("gym_eval.py", "--model", str(model), "--repeat-action-probability", bad)
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"gym_eval.py: error: --repeat-action-probability must be in [0, 1], got {float(bad)}; "
+            "0.25 is the standard sticky-actions protocol, 0 a deterministic emulator"
+        ]
     missing = run_cli("gym_eval.py", "--model", str(tmp_path / "nope.dat"), timeout=60)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (

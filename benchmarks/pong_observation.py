@@ -1,0 +1,53 @@
+"""The observation alone: an agent's score when the max over the skip window is taken away.
+
+`ALE/Pong-v5` differs from `PongNoFrameskip-v4` in more than sticky actions: ALE skips the
+frames itself and the agent sees the last raw frame of each skip, not the max over the last
+frames, and there are no no-op starts. This plays `gym_eval.py` on a `NoFrameskip` id with one
+change, `MaxAndSkipEnv` handing back the last raw frame of its window (what ALE's own frame
+skip shows), so the observation's share of the v5 loss is measured apart from the rest. The
+summary is `gym_eval.py`'s, its protocol's ``max_pool_frames`` set to False.
+
+    python benchmarks/pong_observation.py --model trained_models/PongNoFrameskip-v4.dat \
+        --num-episodes 5 --log-dir /tmp/observation
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import gym_eval  # noqa: E402
+from checkpoint import env_file_stem  # noqa: E402
+from cli import parse_eval_args  # noqa: E402
+from environment import MaxAndSkipEnv  # noqa: E402
+
+_max_pooled_step = MaxAndSkipEnv.step
+
+
+def _last_frame_step(self: MaxAndSkipEnv, action):
+    """`MaxAndSkipEnv.step` with the window's last raw frame as the observation."""
+    _, reward, terminated, truncated, info = _max_pooled_step(self, action)
+    return self._frames[-1], reward, terminated, truncated, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `gym_eval.py` with the max-pool off; returns its exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    MaxAndSkipEnv.step = _last_frame_step
+    code = gym_eval.main(argv)
+    if code == 0:
+        args = parse_eval_args(argv)
+        path = Path(args.log_dir) / f"{env_file_stem(args.env)}_eval.json"
+        summary = json.loads(path.read_text())
+        summary["protocol"]["max_pool_frames"] = False
+        summary["observation"] = "the last raw frame of each skip (benchmarks/pong_observation.py)"
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
