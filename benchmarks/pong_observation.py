@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 import gym_eval  # noqa: E402
 from checkpoint import env_file_stem  # noqa: E402
 from cli import parse_eval_args  # noqa: E402
-from environment import MaxAndSkipEnv  # noqa: E402
+from environment import MaxAndSkipEnv, protocol  # noqa: E402
 
 _max_pooled_step = MaxAndSkipEnv.step
 
@@ -37,10 +37,20 @@ def _last_frame_step(self: MaxAndSkipEnv, action):
 def main(argv: list[str] | None = None) -> int:
     """Run `gym_eval.py` with the max-pool off; returns its exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    args = parse_eval_args(argv)
+    if not protocol(args.env, args.skip_rate, args.max_episode_length).get("max_pool_frames"):
+        print(
+            f"pong_observation.py: error: {args.env} has no max over a skip window to take "
+            "away; give a NoFrameskip Atari id (e.g. PongNoFrameskip-v4)",
+            file=sys.stderr,
+        )
+        return 2
     MaxAndSkipEnv.step = _last_frame_step
-    code = gym_eval.main(argv)
+    try:
+        code = gym_eval.main(argv)
+    finally:
+        MaxAndSkipEnv.step = _max_pooled_step
     if code == 0:
-        args = parse_eval_args(argv)
         path = Path(args.log_dir) / f"{env_file_stem(args.env)}_eval.json"
         summary = json.loads(path.read_text())
         summary["protocol"]["max_pool_frames"] = False

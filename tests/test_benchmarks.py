@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
 import utils
+from environment import MaxAndSkipEnv
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_step  # noqa: E402
 import bench_training  # noqa: E402
+import pong_observation  # noqa: E402
 import time_to_score  # noqa: E402
 
 
@@ -170,3 +174,26 @@ def test_time_to_score_reports_every_target_of_any_game(tmp_path):
     line = time_to_score.describe(row, [50, 100, 400], 2)
     assert "did not reach 400 in 7.0 min" in line
     assert "(reached 50 after 4.0 min, 16,000 frames; 100 after 6.0 min, 24,000 frames)" in line
+
+
+def test_pong_observation_shows_the_last_raw_frame_and_refuses_ids_without_a_max(capsys):
+    class Frames(gym.Env):
+        """Raw frame i is all i, so the max over a window and its last frame differ."""
+
+        observation_space = gym.spaces.Box(0, 255, (2, 2), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self):
+            self.i = 0
+
+        def step(self, action):
+            self.i += 1
+            frame = np.full((2, 2), 10 * self.i if self.i % 2 else 0, np.uint8)
+            return frame, 1.0, False, False, {}
+
+    env = MaxAndSkipEnv(Frames(), skip=4)
+    assert env.step(0)[0].max() == 30  # the max over raw frames 2-4: frame 3 (frame 4 is dark)
+    obs, reward, *_ = pong_observation._last_frame_step(env, 0)
+    assert obs.max() == 0 and reward == 4.0  # raw frame 8, dark; every frame's reward summed
+    assert pong_observation.main(["--env", "ALE/Pong-v5"]) == 2
+    assert "ALE/Pong-v5 has no max over a skip window" in capsys.readouterr().err
