@@ -195,10 +195,7 @@ def protocol(
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
-        # `vector_env` only ever shortens the env's own time limit (CartPole's 500).
-        own_cap = spec.max_episode_steps
-        cap = max_episode_length if own_cap is None else min(own_cap, max_episode_length)
-        return {"env": env_id, "episode_cap_steps": cap}
+        return {"env": env_id, "episode_cap_steps": vector_episode_cap(spec, max_episode_length)}
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
     skip: int | list[int] = skip_rate if we_skip else ale_skip
@@ -497,6 +494,16 @@ def atari_env(
     return NormalizedEnv(env)
 
 
+def vector_episode_cap(spec: EnvSpec, max_episode_length: int) -> int:
+    """Agent steps before a non-Atari game is cut.
+
+    `max_episode_length` only shortens the env's registered time limit (CartPole's 500 stays
+    under the default 10,000).
+    """
+    own = spec.max_episode_steps
+    return max_episode_length if own is None else min(own, max_episode_length)
+
+
 def vector_env(
     env_id: str,
     max_episode_length: int = 10000,
@@ -533,8 +540,9 @@ def vector_env(
             f"{env_id!r} has actions {act_space}; A3G needs Discrete actions "
             "(e.g. CartPole-v1, Acrobot-v1)"
         )
-    if spec.max_episode_steps is None or max_episode_length < spec.max_episode_steps:
-        env = gym.wrappers.TimeLimit(env, max_episode_length)
+    cap = vector_episode_cap(spec, max_episode_length)
+    if cap != spec.max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, cap)
     if vector_obs_norm:
         env = gym.wrappers.NormalizeObservation(env)
     return env

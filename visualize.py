@@ -224,8 +224,8 @@ def plot_curve(
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
     earlier = len(logs) - 1
-    sittings = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
-    fig.suptitle(title or f"{Path(logs[-1]).name}{sittings}: {len(games)} test games")
+    before = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
+    fig.suptitle(title or f"{Path(logs[-1]).name}{before}: {len(games)} test games")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
