@@ -359,8 +359,9 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
             skip_text = f"{skip[0]}-{skip[1]}" if isinstance(skip, list) else str(skip)
             pooled = " max-pooled" if protocol.get("max_pool_frames") else ""
             parts.append(f"skip {skip_text}{pooled}")
-        if protocol.get("noop_starts"):
-            parts.append(f"1-{protocol['noop_starts']} no-op starts")
+        noops = protocol.get("noop_starts")
+        if noops is not None:
+            parts.append(f"1-{noops} no-op starts" if noops else "no no-op starts")
         parts.append(f"cap {protocol['episode_cap_steps']:,} steps")
     return ", ".join(parts) or "?"
 

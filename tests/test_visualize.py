@@ -318,8 +318,9 @@ def test_results_table_from_eval_summaries(tmp_path):
         "deterministic",
     ]
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
-    assert v5 == "sticky 0.25, skip 4, cap 27,000 steps"
-    assert describe_protocol(protocol("Pong-v0", 4, 100)) == "sticky 0.25, skip 2-4, cap 100 steps"
+    assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
+    v0 = describe_protocol(protocol("Pong-v0", 4, 100))
+    assert v0 == "sticky 0.25, skip 2-4, no no-op starts, cap 100 steps"
 
 
 def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
