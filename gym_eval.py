@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
+import os
+import queue
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import gymnasium as gym
@@ -16,9 +21,9 @@ import torch
 
 from checkpoint import checkpoint_path, env_file_stem, load_weights
 from cli import EvalConfig, parse_eval_args
-from environment import env_config, make_env, protocol, read_config
+from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
-from player_util import GAME_OVER, GreedyPlayer
+from player_util import GAME_OVER, STOPPED, GameResult, GreedyPlayer
 from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
 
@@ -122,17 +127,31 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     }
 
 
-def evaluate(args: EvalConfig) -> dict:
-    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
-    model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
-    if args.model and not model_path.is_file():
-        raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
+def play_games(
+    args: EvalConfig,
+    model_path: Path,
+    games: range,
+    first_seed: int,
+    report: Callable[[int, GameResult], None],
+    log: logging.Logger,
+    should_stop: Callable[[], bool] | None = None,
+) -> None:
+    """Play `games` (game numbers, 1 = the first of the evaluation) one after another here.
+
+    Args:
+        args: the evaluation's flags.
+        model_path: the .dat to play.
+        games: the game numbers this process plays, in order.
+        first_seed: seeds the first game's reset (later games go on from the env's RNG).
+        report: gets each game's number and result as it ends.
+        log: where a demo's file names are logged.
+        should_stop: asked before every step; True ends the game being played and the rest.
+    """
     stem = env_file_stem(args.env)
-    log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     env_conf = env_config(read_config(args.env_config), args.env)
     device = worker_device(args.gpu_id)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(first_seed)
 
     def build_env(render_mode: str | None) -> gym.Env:
         return make_env(
@@ -148,52 +167,162 @@ def evaluate(args: EvalConfig) -> dict:
     model.to(device).eval()
     if model.channels_last_suits(device):
         model.use_channels_last()
+    video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
+    player = GreedyPlayer(model, env, device)
+    try:
+        for index, game in enumerate(games):
+            if should_stop is not None and should_stop():
+                return
+            player.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
+            recorder = None
+            if args.new_gym_eval:
+                recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
+            demo = DemoFrames() if args.demo and game == 1 else None
+
+            def on_frame(frame: np.ndarray, recorder=recorder, demo=demo) -> None:
+                if recorder is not None:
+                    recorder.add(frame)
+                if demo is not None:
+                    demo.add(frame)
+
+            try:
+                result = player.play_game(
+                    first_seed if index == 0 else None,
+                    args.stall_steps,
+                    on_frame=on_frame if render_mode else None,
+                    should_stop=should_stop,
+                )
+            finally:
+                if recorder is not None:
+                    recorder.close()
+            if result.ending == STOPPED:
+                return
+            if demo is not None and demo.frames:
+                write_demo(demo, Path(args.demo_dir), stem, log)
+            report(game, result)
+    finally:
+        env.close()
+        if shown is not None:
+            shown.close()
+
+
+def _play_share(
+    args: EvalConfig, model_path: Path, games: range, first_seed: int, results: Any, parent: int
+) -> None:
+    """A process of a parallel evaluation: plays its share, sends each result or its error.
+
+    It stops by itself when the evaluation's process is gone (killed), leaving nothing behind.
+    """
+    logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
+    register_games()
+    try:
+        play_games(
+            args, model_path, games, first_seed,
+            lambda game, result: results.put(("game", game, result)),
+            logging.getLogger("a3g.eval"),
+            should_stop=lambda: os.getppid() != parent,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches every process of the group: the parent stops the evaluation
+    except UsageError as err:
+        results.put(("error", True, str(err)))
+    except Exception as err:  # the parent must hear of it, not wait for games never played
+        results.put(("error", False, f"{type(err).__name__}: {err}"))
+
+
+def play_in_processes(
+    args: EvalConfig, model_path: Path, report: Callable[[int, GameResult], None]
+) -> None:
+    """Play the evaluation's games in ``--processes`` spawned processes; `report` gets each.
+
+    Game i goes to process (i - 1) mod P, and process p seeds its first game with
+    ``--seed + p``, so a run is repeatable for a given P. Every game started is counted (no
+    bias to short games). A process that fails stops the evaluation with its error.
+
+    Raises:
+        UsageError: a process hit a bad value (e.g. an unwritable --video-dir).
+        RuntimeError: a process failed otherwise or died.
+    """
+    processes = min(args.processes, args.num_episodes)
+    shares = [range(p + 1, args.num_episodes + 1, processes) for p in range(processes)]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    children = [
+        context.Process(
+            target=_play_share,
+            args=(args, model_path, share, args.seed + p, results, os.getpid()),
+            name=f"a3g-eval-{p}",
+            daemon=True,
+        )
+        for p, share in enumerate(shares)
+    ]
+    for child in children:
+        child.start()
+    owed = [len(share) for share in shares]
+    try:
+        for _ in range(args.num_episodes):
+            while True:
+                try:
+                    message = results.get(timeout=1.0)
+                    break
+                except queue.Empty:  # a process that ended has sent all it will send
+                    for p, child in enumerate(children):
+                        if owed[p] and child.exitcode is not None:
+                            raise RuntimeError(
+                                f"evaluation process {child.name} ended (exit code "
+                                f"{child.exitcode}) with {owed[p]} of its games unplayed"
+                            ) from None
+            if message[0] == "error":
+                _, usage, text = message
+                raise (UsageError if usage else RuntimeError)(text)
+            _, game, result = message
+            owed[(game - 1) % processes] -= 1
+            report(game, result)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+        for child in children:
+            child.join()
+
+
+def evaluate(args: EvalConfig) -> dict:
+    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
+    model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
+    if args.model and not model_path.is_file():
+        raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
+    stem = env_file_stem(args.env)
+    log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     played = protocol(
         args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability
     )
     sticky = played.get("repeat_action_probability")
+    processes = min(args.processes, args.num_episodes)
     log.info(
         f"evaluating {model_path} on {args.env} for {args.num_episodes} games"
         + (f" (sticky actions {sticky:g})" if sticky is not None else "")
+        + (f" in {processes} processes" if processes > 1 else "")
     )
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
+    by_game: dict[int, GameResult] = {}
 
-    player = GreedyPlayer(model, env, device)
-    rewards: list[float] = []
-    lengths: list[int] = []
-    endings: list[str] = []
-    start = time.time()
-    for game in range(1, args.num_episodes + 1):
-        player.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
-        recorder = None
-        if args.new_gym_eval:
-            recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
-        demo = DemoFrames() if args.demo and game == 1 else None
-
-        def on_frame(frame: np.ndarray, recorder=recorder, demo=demo) -> None:
-            if recorder is not None:
-                recorder.add(frame)
-            if demo is not None:
-                demo.add(frame)
-
-        try:
-            result = player.play_game(
-                args.seed if game == 1 else None,
-                args.stall_steps,
-                on_frame=on_frame if render_mode else None,
-            )
-        finally:
-            if recorder is not None:
-                recorder.close()
-        if demo is not None and demo.frames:
-            write_demo(demo, Path(args.demo_dir), stem, log)
-        rewards.append(result.reward)
-        lengths.append(result.length)
-        endings.append(result.ending)
+    def report(game: int, result: GameResult) -> None:
+        by_game[game] = result
+        mean = statistics.fmean(r.reward for r in by_game.values())
         log.info(
             f"game {game}/{args.num_episodes}: reward {result.reward}, length {result.length}, "
-            f"reward mean {statistics.fmean(rewards):.4f}{result.note()}"
+            f"reward mean {mean:.4f}{result.note()}"
         )
+
+    start = time.time()
+    if processes > 1:
+        play_in_processes(args, model_path, report)
+    else:
+        play_games(args, model_path, range(1, args.num_episodes + 1), args.seed, report, log)
+    results = [by_game[game] for game in sorted(by_game)]
+    rewards = [r.reward for r in results]
+    lengths = [r.length for r in results]
+    endings = [r.ending for r in results]
     summary = {
         "env": args.env,
         "model": str(model_path),
@@ -208,7 +337,8 @@ def evaluate(args: EvalConfig) -> dict:
         "endings": endings,
         "games_not_over": sum(ending != GAME_OVER for ending in endings),
         "seed": args.seed,
-        "threads": torch.get_num_threads(),
+        "threads": args.threads,
+        "processes": processes,
         "command": " ".join(["python", *sys.argv]),
         "protocol": played,
         "training": training_record(args.log_dir, model_path),
@@ -226,9 +356,6 @@ def evaluate(args: EvalConfig) -> dict:
     )
     if args.new_gym_eval:
         log.info(f"videos in {video_dir}")
-    env.close()
-    if shown is not None:
-        shown.close()
     return summary
 
 

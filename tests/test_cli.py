@@ -142,6 +142,8 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
         parse_eval_args(["--num-episodes", "0"])
     with pytest.raises(UsageError, match="--threads must be at least 1, got 0"):
         parse_eval_args(["--threads", "0"])
+    with pytest.raises(UsageError, match="--processes must be at least 1, got 0"):
+        parse_eval_args(["--processes", "0"])
     with pytest.raises(UsageError, match=r"--gpu-ids mixes -1 \(CPU\) with GPU ids \[-1, 0\]"):
         parse_train_args(["--gpu-ids", "-1", "0"])
     with pytest.raises(UsageError, match="--lr-schedule linear falls to 0 at --max-steps, which"):
@@ -311,6 +313,86 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     assert summary["endings"] == ["stalled", "stalled"] and summary["games_not_over"] == 2
     assert summary["lengths"] == [50, 50]
     assert summary["threads"] == 1  # the default: steady when training shares the cores
+
+
+def _tiny_pong_dat(folder):
+    folder.mkdir()
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), folder / f"{PONG}.dat")
+
+
+def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
+    _tiny_pong_dat(tmp_path / "models")
+    flags = [
+        "--env", PONG, "--hidden-size", "32", "--max-episode-length", "30",
+        "--load-model-dir", str(tmp_path / "models"), "--repeat-action-probability", "0.25",
+    ]  # fmt: skip
+    result = run_cli(
+        "gym_eval.py", *flags, "--num-episodes", "5", "--processes", "2",
+        "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"on {PONG} for 5 games (sticky actions 0.25) in 2 processes" in result.stderr
+    assert sorted(
+        line.split("game ")[1].split(":")[0]
+        for line in result.stderr.splitlines()
+        if ": reward " in line
+    ) == [f"{game}/5" for game in range(1, 6)]
+    summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
+    assert summary["games"] == 5 and summary["processes"] == 2
+    assert summary["endings"] == ["time limit"] * 5  # 30 steps, the 1-30 no-ops among them
+    # Process p seeds its first game with --seed + p: game 1 is a serial run's first game,
+    # game 2 the first game of a serial run with the next seed (the no-ops tell them apart).
+    for seed, game in ((1, 0), (2, 1)):
+        serial = tmp_path / f"serial{seed}"
+        result = run_cli(
+            "gym_eval.py", *flags, "--num-episodes", "1", "--seed", str(seed),
+            "--log-dir", str(serial),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        alone = json.loads((serial / f"{PONG}_eval.json").read_text())
+        assert alone["lengths"] == [summary["lengths"][game]] and alone["processes"] == 1
+    # More processes than games: one per game.
+    result = run_cli(
+        "gym_eval.py", *flags, "--num-episodes", "1", "--processes", "3",
+        "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "in 2 processes" not in result.stderr and "in 3 processes" not in result.stderr
+    assert json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())["processes"] == 1
+    # A process's bad value reaches the user as one line, not a traceback or a hang.
+    result = run_cli(
+        "gym_eval.py", *flags, "--num-episodes", "2", "--processes", "2",
+        "--model", str(tmp_path / "models" / f"{PONG}.dat"), "--hidden-size", "64",
+        "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("gym_eval.py: error: ")
+
+
+def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
+    _tiny_pong_dat(tmp_path / "models")
+    log_path = tmp_path / "logs" / f"{PONG}_eval_log"
+    run = subprocess.Popen(
+        [sys.executable, "gym_eval.py", "--env", PONG, "--hidden-size", "32",
+         "--num-episodes", "100", "--processes", "2",
+         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            log_path.exists() and ": reward " in log_path.read_text()
+        ):
+            time.sleep(0.2)
+        assert len(group_alive(run.pid)) >= 3, "expected the evaluation and its 2 processes"
+        run.kill()
+        run.wait(timeout=10)
+        assert wait_group_gone(run.pid, 20) == []
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for pid in group_alive(run.pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_gym_eval_render_without_display_says_so(tmp_path):
