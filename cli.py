@@ -235,9 +235,9 @@ class EvalConfig(CommonConfig):
     )
     processes: int = flag(
         1,
-        help="processes playing the games side by side (game i goes to process (i-1) mod P, "
-        "whose first game seeds its reset with --seed + its index); one core each: 2 halves "
-        "the time of a 100-game evaluation on an idle 2-core machine",
+        help="processes playing the games side by side, one core each (game i goes to "
+        "process (i-1) mod P; process 0's first game is seeded with --seed, the others' with "
+        "seeds drawn from it): 2 halves the time of a 100-game evaluation on 2 idle cores",
     )
     demo: bool = flag(False, help="write the first game as <demo-dir><env>.gif and .mp4")
     demo_dir: str = flag("demo/", help="where --demo writes")
@@ -483,7 +483,7 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
     require_at_least("--threads", config.threads)
     require_at_least("--processes", config.processes)
     _validate_common(config)
-    if config.render and config.processes > 1:
+    if config.render and min(config.processes, config.num_episodes) > 1:
         raise UsageError(
             f"--render shows the games in one window and cannot with --processes "
             f"{config.processes}; use --processes 1"

@@ -7,9 +7,11 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -206,42 +208,73 @@ def play_games(
             shown.close()
 
 
+def process_seed(seed: int, process: int) -> int:
+    """The reset seed of process `process`'s first game in an evaluation seeded with `seed`.
+
+    Process 0 keeps `seed` (its first game is a serial evaluation's first game); the others
+    draw theirs from `seed` and their index, so evaluations with neighbouring seeds share no
+    games (``seed + process`` would give process 1 of seed 1 the games of process 0 of seed 2).
+    """
+    if process == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, process]).generate_state(1)[0])
+
+
+class _QueueLog(logging.Handler):
+    """Hands a process's log lines (a demo's file names) to the evaluation, which logs them."""
+
+    def __init__(self, results: Any):
+        super().__init__(logging.INFO)
+        self.results = results
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.results.put(("log", record.getMessage()))
+
+
 def _play_share(
     args: EvalConfig, model_path: Path, games: range, first_seed: int, results: Any, parent: int
 ) -> None:
     """A process of a parallel evaluation: plays its share, sends each result or its error.
 
-    It stops by itself when the evaluation's process is gone (killed), leaving nothing behind.
+    Ctrl-C is the evaluation's to handle (it stops its processes); a process also stops by
+    itself when the evaluation is gone (killed), leaving nothing behind.
     """
-    logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
-    register_games()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log = logging.getLogger(f"a3g.eval.process{os.getpid()}")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.addHandler(_QueueLog(results))
     try:
+        register_games()
         play_games(
             args, model_path, games, first_seed,
             lambda game, result: results.put(("game", game, result)),
-            logging.getLogger("a3g.eval"),
-            should_stop=lambda: os.getppid() != parent,
+            log, should_stop=lambda: os.getppid() != parent,
         )  # fmt: skip
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reaches every process of the group: the parent stops the evaluation
     except UsageError as err:
-        results.put(("error", True, str(err)))
-    except Exception as err:  # the parent must hear of it, not wait for games never played
-        results.put(("error", False, f"{type(err).__name__}: {err}"))
+        results.put(("error", "usage", str(err)))
+    except gym.error.DependencyNotInstalled as err:
+        results.put(("error", "dependency", str(err)))
+    except Exception:  # the evaluation must hear of it, not wait for games never played
+        results.put(("error", "other", traceback.format_exc()))
 
 
 def play_in_processes(
-    args: EvalConfig, model_path: Path, report: Callable[[int, GameResult], None]
+    args: EvalConfig,
+    model_path: Path,
+    report: Callable[[int, GameResult], None],
+    log: logging.Logger,
 ) -> None:
     """Play the evaluation's games in ``--processes`` spawned processes; `report` gets each.
 
-    Game i goes to process (i - 1) mod P, and process p seeds its first game with
-    ``--seed + p``, so a run is repeatable for a given P. Every game started is counted (no
-    bias to short games). A process that fails stops the evaluation with its error.
+    Game i goes to process (i - 1) mod P, whose first game is seeded with `process_seed`, so
+    an evaluation is repeatable for a given P. Every game started is counted (no bias to short
+    games). A process that fails stops the evaluation with its error.
 
     Raises:
         UsageError: a process hit a bad value (e.g. an unwritable --video-dir).
-        RuntimeError: a process failed otherwise or died.
+        gym.error.DependencyNotInstalled: drawing the game needs a package not installed.
+        RuntimeError: a process failed otherwise (its traceback in the message) or died.
     """
     processes = min(args.processes, args.num_episodes)
     shares = [range(p + 1, args.num_episodes + 1, processes) for p in range(processes)]
@@ -250,7 +283,7 @@ def play_in_processes(
     children = [
         context.Process(
             target=_play_share,
-            args=(args, model_path, share, args.seed + p, results, os.getpid()),
+            args=(args, model_path, share, process_seed(args.seed, p), results, os.getpid()),
             name=f"a3g-eval-{p}",
             daemon=True,
         )
@@ -259,25 +292,40 @@ def play_in_processes(
     for child in children:
         child.start()
     owed = [len(share) for share in shares]
+
+    def next_message() -> tuple:
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                pass
+            for p, child in enumerate(children):
+                if owed[p] and child.exitcode is not None:
+                    # What it sent before it ended is in the pipe by now: read that first.
+                    try:
+                        return results.get(timeout=0.5)
+                    except queue.Empty:
+                        raise RuntimeError(
+                            f"evaluation process {child.name} ended (exit code "
+                            f"{child.exitcode}) with {owed[p]} of its games unplayed"
+                        ) from None
+
     try:
-        for _ in range(args.num_episodes):
-            while True:
-                try:
-                    message = results.get(timeout=1.0)
-                    break
-                except queue.Empty:  # a process that ended has sent all it will send
-                    for p, child in enumerate(children):
-                        if owed[p] and child.exitcode is not None:
-                            raise RuntimeError(
-                                f"evaluation process {child.name} ended (exit code "
-                                f"{child.exitcode}) with {owed[p]} of its games unplayed"
-                            ) from None
-            if message[0] == "error":
-                _, usage, text = message
-                raise (UsageError if usage else RuntimeError)(text)
-            _, game, result = message
-            owed[(game - 1) % processes] -= 1
-            report(game, result)
+        while sum(owed):
+            message = next_message()
+            if message[0] == "log":
+                log.info(message[1])
+            elif message[0] == "error":
+                _, kind, text = message
+                if kind == "usage":
+                    raise UsageError(text)
+                if kind == "dependency":
+                    raise gym.error.DependencyNotInstalled(text)
+                raise RuntimeError(f"an evaluation process failed:\n{text}")
+            else:
+                _, game, result = message
+                owed[(game - 1) % processes] -= 1
+                report(game, result)
     finally:
         for child in children:
             if child.is_alive():
@@ -298,6 +346,11 @@ def evaluate(args: EvalConfig) -> dict:
     )
     sticky = played.get("repeat_action_probability")
     processes = min(args.processes, args.num_episodes)
+    if processes > (os.cpu_count() or 1):
+        log.warning(
+            f"--processes {processes} is more than this machine's {os.cpu_count()} cores: "
+            "the games share them and the evaluation is no faster"
+        )
     log.info(
         f"evaluating {model_path} on {args.env} for {args.num_episodes} games"
         + (f" (sticky actions {sticky:g})" if sticky is not None else "")
@@ -316,7 +369,7 @@ def evaluate(args: EvalConfig) -> dict:
 
     start = time.time()
     if processes > 1:
-        play_in_processes(args, model_path, report)
+        play_in_processes(args, model_path, report, log)
     else:
         play_games(args, model_path, range(1, args.num_episodes + 1), args.seed, report, log)
     results = [by_game[game] for game in sorted(by_game)]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -23,6 +24,7 @@ from cli import (
     parse_eval_args,
     parse_train_args,
 )
+from gym_eval import process_seed
 from model import A3Clstm
 from tests.conftest import (
     PONG,
@@ -315,6 +317,13 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     assert summary["threads"] == 1  # the default: steady when training shares the cores
 
 
+def parent_of(pid: int) -> int:
+    try:
+        return int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())[1])
+    except OSError:
+        return 0
+
+
 def _tiny_pong_dat(folder):
     folder.mkdir()
     torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), folder / f"{PONG}.dat")
@@ -340,17 +349,19 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 5 and summary["processes"] == 2
     assert summary["endings"] == ["time limit"] * 5  # 30 steps, the 1-30 no-ops among them
-    # Process p seeds its first game with --seed + p: game 1 is a serial run's first game,
-    # game 2 the first game of a serial run with the next seed (the no-ops tell them apart).
-    for seed, game in ((1, 0), (2, 1)):
+    # Process 0 plays games 1, 3, 5 as a serial run with --seed does; process 1 games 2 and 4
+    # as a serial run with its own seed (the no-op starts tell the games apart).
+    for seed, share in ((1, slice(0, None, 2)), (process_seed(1, 1), slice(1, None, 2))):
         serial = tmp_path / f"serial{seed}"
+        games = len(summary["lengths"][share])
         result = run_cli(
-            "gym_eval.py", *flags, "--num-episodes", "1", "--seed", str(seed),
+            "gym_eval.py", *flags, "--num-episodes", str(games), "--seed", str(seed),
             "--log-dir", str(serial),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-2000:]
         alone = json.loads((serial / f"{PONG}_eval.json").read_text())
-        assert alone["lengths"] == [summary["lengths"][game]] and alone["processes"] == 1
+        assert alone["lengths"] == summary["lengths"][share] and alone["processes"] == 1
+    assert len(set(summary["lengths"])) > 1  # else the comparison above tells nothing
     # More processes than games: one per game.
     result = run_cli(
         "gym_eval.py", *flags, "--num-episodes", "1", "--processes", "3",
@@ -365,8 +376,34 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
         "--model", str(tmp_path / "models" / f"{PONG}.dat"), "--hidden-size", "64",
         "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("gym_eval.py: error: ")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "gym_eval.py: error: checkpoint "
+    ) and result.stderr.strip().endswith("pass --hidden-size 32")
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_gym_eval_says_in_one_line_when_drawing_needs_a_package(tmp_path, processes):
+    try:
+        import pygame  # noqa: F401
+
+        pytest.skip("pygame is installed here: CartPole can be drawn")
+    except ImportError:
+        pass
+    from model import build_model
+
+    env = gym.make("CartPole-v1")
+    (tmp_path / "models").mkdir()
+    model = build_model(env.observation_space, env.action_space, 32)
+    torch.save(model.state_dict(), tmp_path / "models" / "CartPole-v1.dat")
+    result = run_cli(
+        "gym_eval.py", "--env", "CartPole-v1", "--hidden-size", "32", "--num-episodes", "2",
+        "--demo", "--demo-dir", str(tmp_path / "demo"), "--processes", processes,
+        "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("gym_eval.py: error: drawing CartPole-v1 needs a package"), last
 
 
 def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
@@ -384,7 +421,8 @@ def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
             log_path.exists() and ": reward " in log_path.read_text()
         ):
             time.sleep(0.2)
-        assert len(group_alive(run.pid)) >= 3, "expected the evaluation and its 2 processes"
+        children = [pid for pid in group_alive(run.pid) if parent_of(pid) == run.pid]
+        assert len(children) >= 2, "expected the evaluation's 2 processes"
         run.kill()
         run.wait(timeout=10)
         assert wait_group_gone(run.pid, 20) == []
