@@ -25,6 +25,7 @@ from checkpoint import checkpoint_path, env_file_stem, load_weights
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
+from monitor import run_totals
 from player_util import GAME_OVER, STOPPED, GameResult, GreedyPlayer
 from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
@@ -111,17 +112,19 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     """What the run record in `log_dir` says about how the model was trained, if present.
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
-    `model_path`, whichever env the evaluation plays.
+    `model_path`, whichever env the evaluation plays. Frames and seconds are the whole run's,
+    every sitting of it together (`monitor.run_totals`).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    finished = record.get("finished") or {}
+    totals = run_totals(record)
     return {
-        "frames": finished.get("frames"),
-        "seconds": finished.get("seconds"),
+        "frames": totals["frames"],
+        "seconds": totals["seconds"],
+        "sittings": totals["sittings"],
         "hardware": record.get("hardware"),
         "command": record.get("command"),
         "protocol": record.get("protocol"),

@@ -74,6 +74,35 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def run_totals(record: dict[str, Any]) -> dict[str, Any]:
+    """Frames and seconds of a whole run from its record, every sitting in `previous_runs` too.
+
+    A sitting resumed from its training state (``resumed_from`` set) goes on counting, so its
+    figures include the sittings before it; one started afresh (the first, or one started from
+    a ``.dat`` alone on a new machine) counts from 0. The run's totals are the sum of the last
+    figures of each such chain of sittings. A sitting that never finished adds nothing.
+
+    Returns:
+        ``frames`` and ``seconds`` (None where no sitting finished) and ``sittings``.
+    """
+    sittings = [*record.get("previous_runs", []), record]
+    chains: list[dict[str, Any]] = []
+    for sitting in sittings:
+        if sitting.get("resumed_from") is None or not chains:
+            chains.append({})
+        finished = sitting.get("finished") or {}
+        if finished.get("frames") is not None:
+            chains[-1] = finished
+    done = [chain for chain in chains if chain]
+    if not done:
+        return {"frames": None, "seconds": None, "sittings": len(sittings)}
+    return {
+        "frames": sum(chain["frames"] for chain in done),
+        "seconds": sum(chain.get("seconds") or 0.0 for chain in done),
+        "sittings": len(sittings),
+    }
+
+
 class RunMonitor:
     """The launcher's view of a run: TensorBoard, the terminal status line, the run record.
 

@@ -28,6 +28,7 @@ from cli import parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
 from main import Child, prepare
 from model import A3Clstm, build_model
+from monitor import run_totals
 from tests.conftest import (
     PONG,
     PONG_FLAGS,
@@ -211,6 +212,23 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     # The first run only: the in-process launcher above never ran, and writes nothing until then.
     assert len(record["previous_runs"]) == 1
     assert record["previous_runs"][0]["finished"]["steps"] >= 300
+    # The resumed part counted on from the first: the run's frames are its own figure.
+    totals = run_totals(record)
+    assert totals["frames"] == record["finished"]["frames"] and totals["sittings"] == 2
+
+
+def test_run_totals_add_the_chains_of_sittings():
+    def sitting(resumed: bool, frames: int | None, seconds: float = 10.0) -> dict:
+        finished = None if frames is None else {"frames": frames, "seconds": seconds}
+        return {"resumed_from": "state.pt" if resumed else None, "finished": finished}
+
+    # Two sittings on one machine (the second resumed from the training state, counting on),
+    # then a new machine from the .dat alone (counting from 0) that crashed, and its resume.
+    history = [sitting(False, 100, 1.0), sitting(True, 250, 3.0), sitting(False, None)]
+    record = {**sitting(True, 40, 2.0), "previous_runs": history}
+    assert run_totals(record) == {"frames": 290, "seconds": 5.0, "sittings": 4}
+    assert run_totals(sitting(False, 7, 0.5)) == {"frames": 7, "seconds": 0.5, "sittings": 1}
+    assert run_totals(sitting(False, None))["frames"] is None
 
 
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
