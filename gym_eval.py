@@ -113,7 +113,8 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
     `model_path`, whichever env the evaluation plays. Frames and seconds are the whole run's,
-    every sitting of it together (`monitor.run_totals`).
+    every sitting of it together (`monitor.run_totals`); the command is its first sitting's
+    (the later ones resumed it with ``--load``).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     try:
@@ -121,12 +122,13 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     except (OSError, json.JSONDecodeError):
         return None
     totals = run_totals(record)
+    first = (record.get("previous_runs") or [record])[0]
     return {
         "frames": totals["frames"],
         "seconds": totals["seconds"],
         "sittings": totals["sittings"],
         "hardware": record.get("hardware"),
-        "command": record.get("command"),
+        "command": first.get("command"),
         "protocol": record.get("protocol"),
         "record": str(path),
     }

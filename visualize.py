@@ -387,7 +387,7 @@ def results_table(paths: list[str | Path]) -> str:
         seconds = training.get("seconds")
         rows.append(
             "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
-            "| {best:g} | {games} | `{cmd}` |".format(
+            "| {best:g} | {games} | `{cmd}`{resumed} |".format(
                 env=summary["env"],
                 played=describe_protocol(summary.get("protocol")),
                 trained=describe_protocol(training.get("protocol"), full=False),
@@ -399,6 +399,11 @@ def results_table(paths: list[str | Path]) -> str:
                 best=summary["best"],
                 games=summary["games"],
                 cmd=training.get("command", "?"),
+                resumed=(
+                    f" (then `--load` over {training['sittings']} sittings)"
+                    if training.get("sittings", 1) > 1
+                    else ""
+                ),
             )
         )
     return "\n".join(rows)

@@ -231,6 +231,24 @@ def test_run_totals_add_the_chains_of_sittings():
     assert run_totals(sitting(False, None))["frames"] is None
 
 
+def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
+    from gym_eval import training_record
+
+    first = {"command": "python main.py --first", "finished": {"frames": 100, "seconds": 60.0}}
+    record = {
+        "command": "python main.py --first --load",
+        "resumed_from": "state.pt",
+        "finished": {"frames": 300, "seconds": 150.0},
+        "previous_runs": [first],
+    }
+    (tmp_path / "Game_run.json").write_text(json.dumps(record))
+    training = training_record(str(tmp_path), Path("elsewhere/Game.dat"))
+    assert training is not None
+    assert (training["frames"], training["seconds"], training["sittings"]) == (300, 150.0, 2)
+    assert training["command"] == "python main.py --first"
+    assert training_record(str(tmp_path), Path("Other.dat")) is None
+
+
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
     flags = [*PONG_SMALL, "--amsgrad", *folders(tmp_path)]
     first = prepare(parse_train_args([*flags, "--lr", "0.0001"]))

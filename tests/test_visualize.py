@@ -317,6 +317,13 @@ def test_results_table_from_eval_summaries(tmp_path):
         "sticky 0.25, skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps",
         "deterministic",
     ]
+    summary["training"]["sittings"] = 3  # a run resumed twice: its first command, and so
+    path.write_text(json.dumps(summary))
+    assert (
+        results_table([path])
+        .splitlines()[2]
+        .endswith("| `python main.py --env CartPole-v1` (then `--load` over 3 sittings) |")
+    )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
     v0 = describe_protocol(protocol("Pong-v0", 4, 100))
