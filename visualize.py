@@ -366,6 +366,25 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
     return ", ".join(parts) or "?"
 
 
+FOLDER_FLAGS = ("--save-model-dir", "-smd", "--load-model-dir", "-lmd", "--log-dir", "-lg", "-lgd")
+"""Where a run kept its files: left out of a results row's command (they do not change what
+is trained, and name folders of the machine it ran on)."""
+
+
+def without_folders(command: str) -> str:
+    """`command` without its folder flags (`FOLDER_FLAGS`) and their values."""
+    words, kept = command.split(), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in FOLDER_FLAGS:
+            skip = True
+        elif not word.startswith(tuple(f"{flag}=" for flag in FOLDER_FLAGS)):
+            kept.append(word)
+    return " ".join(kept)
+
+
 def results_table(paths: list[str | Path]) -> str:
     """A markdown table from `gym_eval.py` JSON summaries, one row per file.
 
@@ -398,7 +417,7 @@ def results_table(paths: list[str | Path]) -> str:
                 std=summary["std"],
                 best=summary["best"],
                 games=summary["games"],
-                cmd=training.get("command", "?"),
+                cmd=without_folders(training.get("command") or "?"),
                 resumed=(
                     f" (then `--load` over {training['sittings']} sittings)"
                     if training.get("sittings", 1) > 1

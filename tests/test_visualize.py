@@ -317,6 +317,7 @@ def test_results_table_from_eval_summaries(tmp_path):
         "sticky 0.25, skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps",
         "deterministic",
     ]
+    summary["training"]["command"] += " --log-dir /work/run/logs/ -smd /work/m --load-model-dir=x"
     summary["training"]["sittings"] = 3  # a run resumed twice: its first command, and so
     path.write_text(json.dumps(summary))
     assert (
