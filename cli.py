@@ -237,7 +237,7 @@ class EvalConfig(CommonConfig):
         1,
         help="processes playing the games side by side, one core each (game i goes to "
         "process (i-1) mod P; process 0's first game is seeded with --seed, the others' with "
-        "seeds drawn from it): 2 plays 100 games in about half the time on 2 idle cores",
+        "seeds drawn from it): 2 plays 100 games in about half the time on 2 cores",
     )
     demo: bool = flag(False, help="write the first game as <demo-dir><env>.gif and .mp4")
     demo_dir: str = flag("demo/", help="where --demo writes")

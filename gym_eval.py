@@ -121,14 +121,17 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    if not isinstance(record, dict):
+        return None
     totals = run_totals(record)
-    first = (record.get("previous_runs") or [record])[0]
+    sittings = [s for s in [*(record.get("previous_runs") or []), record] if isinstance(s, dict)]
     return {
         "frames": totals["frames"],
         "seconds": totals["seconds"],
         "sittings": totals["sittings"],
+        "restarts": totals["restarts"],
         "hardware": record.get("hardware"),
-        "command": first.get("command"),
+        "command": next((s["command"] for s in sittings if s.get("command")), None),
         "protocol": record.get("protocol"),
         "record": str(path),
     }
@@ -346,6 +349,7 @@ def evaluate(args: EvalConfig) -> dict:
         raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
+    training = training_record(args.log_dir, model_path)  # before the games: a bad record
     played = protocol(
         args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability
     )
@@ -399,7 +403,7 @@ def evaluate(args: EvalConfig) -> dict:
         "processes": processes,
         "command": " ".join(["python", *sys.argv]),
         "protocol": played,
-        "training": training_record(args.log_dir, model_path),
+        "training": training,
         "seconds": round(time.time() - start, 3),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

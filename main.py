@@ -525,7 +525,12 @@ class Launcher:
 
     def run(self) -> int:
         """Start, supervise, shut down; returns the exit code (0, or 1 if a child failed)."""
-        self.monitor.open(resumed_from=None if self.resumed is None else str(self.paths.load_state))
+        self.monitor.open(
+            resumed_from=None if self.resumed is None else str(self.paths.load_state),
+            weights_from=str(self.paths.load_model)
+            if self.config.load and self.resumed is None
+            else None,
+        )
         handlers = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }

@@ -83,23 +83,25 @@ def run_totals(record: dict[str, Any]) -> dict[str, Any]:
     figures of each such chain of sittings. A sitting that never finished adds nothing.
 
     Returns:
-        ``frames`` and ``seconds`` (None where no sitting finished) and ``sittings``.
+        ``frames`` and ``seconds`` (None where no sitting finished), ``sittings`` and
+        ``restarts`` (sittings that started afresh after the first).
     """
-    sittings = [*record.get("previous_runs", []), record]
+    sittings = [*(record.get("previous_runs") or []), record]
+    sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
     chains: list[dict[str, Any]] = []
     for sitting in sittings:
         if sitting.get("resumed_from") is None or not chains:
             chains.append({})
-        finished = sitting.get("finished") or {}
-        if finished.get("frames") is not None:
+        finished = sitting.get("finished")
+        if isinstance(finished, dict) and finished.get("frames") is not None:
             chains[-1] = finished
     done = [chain for chain in chains if chain]
-    if not done:
-        return {"frames": None, "seconds": None, "sittings": len(sittings)}
+    seconds = [chain["seconds"] for chain in done if chain.get("seconds") is not None]
     return {
-        "frames": sum(chain["frames"] for chain in done),
-        "seconds": sum(chain.get("seconds") or 0.0 for chain in done),
+        "frames": sum(chain["frames"] for chain in done) if done else None,
+        "seconds": sum(seconds) if seconds else None,
         "sittings": len(sittings),
+        "restarts": max(0, len(chains) - 1),
     }
 
 
@@ -154,11 +156,13 @@ class RunMonitor:
         self.writer = None
         self.record: dict[str, Any] = {}
 
-    def open(self, resumed_from: str | None = None) -> None:
+    def open(self, resumed_from: str | None = None, weights_from: str | None = None) -> None:
         """Open the TensorBoard run (with the model graph) and write the run record.
 
         A resumed run (`resumed_from` names the training-state file) keeps the records of the
-        runs before it under ``previous_runs``.
+        runs before it under ``previous_runs``; so does a run that went on from a ``.dat``
+        alone (`weights_from`, e.g. on a new machine), whose counts start afresh
+        (`run_totals` starts a new chain there).
         """
         if self.config.tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
@@ -184,9 +188,12 @@ class RunMonitor:
         }
         if resumed_from is not None:
             self.record["resumed_from"] = resumed_from
-            with contextlib.suppress(OSError, ValueError):
+        elif weights_from is not None:
+            self.record["loaded_weights_from"] = weights_from
+        if resumed_from is not None or weights_from is not None:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
                 previous = json.loads(Path(self.record_path).read_text())
-                history = previous.pop("previous_runs", [])
+                history = previous.pop("previous_runs", None) or []
                 self.record["previous_runs"] = [*history, previous]
         write_json_atomic(self.record, self.record_path)
 

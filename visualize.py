@@ -385,6 +385,14 @@ def without_folders(command: str) -> str:
     return " ".join(kept)
 
 
+def resumed_note(sittings: int, restarts: int) -> str:
+    """What a results row adds to a run's first command when it was trained in sittings."""
+    if sittings <= 1:
+        return ""
+    fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
+    return f" (resumed with `--load`: {sittings} parts in all{fresh})"
+
+
 def results_table(paths: list[str | Path]) -> str:
     """A markdown table from `gym_eval.py` JSON summaries, one row per file.
 
@@ -418,11 +426,7 @@ def results_table(paths: list[str | Path]) -> str:
                 best=summary["best"],
                 games=summary["games"],
                 cmd=without_folders(training.get("command") or "?"),
-                resumed=(
-                    f" (then `--load` over {training['sittings']} sittings)"
-                    if training.get("sittings", 1) > 1
-                    else ""
-                ),
+                resumed=resumed_note(training.get("sittings", 1), training.get("restarts", 0)),
             )
         )
     return "\n".join(rows)

@@ -226,9 +226,14 @@ def test_run_totals_add_the_chains_of_sittings():
     # then a new machine from the .dat alone (counting from 0) that crashed, and its resume.
     history = [sitting(False, 100, 1.0), sitting(True, 250, 3.0), sitting(False, None)]
     record = {**sitting(True, 40, 2.0), "previous_runs": history}
-    assert run_totals(record) == {"frames": 290, "seconds": 5.0, "sittings": 4}
-    assert run_totals(sitting(False, 7, 0.5)) == {"frames": 7, "seconds": 0.5, "sittings": 1}
+    assert run_totals(record) == {"frames": 290, "seconds": 5.0, "sittings": 4, "restarts": 1}
+    alone = {"frames": 7, "seconds": 0.5, "sittings": 1, "restarts": 0}
+    assert run_totals(sitting(False, 7, 0.5)) == alone
     assert run_totals(sitting(False, None))["frames"] is None
+    # Records a person edited badly do not stop an evaluation: what cannot be read is skipped.
+    odd = {"previous_runs": None, "finished": [1]}
+    assert run_totals(odd) == {"frames": None, "seconds": None, "sittings": 1, "restarts": 0}
+    assert run_totals({**record, "previous_runs": [*history, "?"]})["frames"] == 290
 
 
 def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
@@ -245,8 +250,10 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
     training = training_record(str(tmp_path), Path("elsewhere/Game.dat"))
     assert training is not None
     assert (training["frames"], training["seconds"], training["sittings"]) == (300, 150.0, 2)
-    assert training["command"] == "python main.py --first"
+    assert training["command"] == "python main.py --first" and training["restarts"] == 0
     assert training_record(str(tmp_path), Path("Other.dat")) is None
+    (tmp_path / "List_run.json").write_text("[1, 2]")
+    assert training_record(str(tmp_path), Path("List.dat")) is None
 
 
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
@@ -308,6 +315,10 @@ def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_p
     model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     (tmp_path / "in").mkdir()
     torch.save(model.state_dict(), tmp_path / "in" / f"{PONG}.dat")
+    # The record of the run the .dat came from (another machine's, copied over).
+    (tmp_path / "logs").mkdir()
+    before = {"command": "python main.py --before", "finished": {"frames": 1000, "seconds": 9.0}}
+    (tmp_path / "logs" / f"{PONG}_run.json").write_text(json.dumps(before))
     result = run_cli(
         "main.py", *PONG_SMALL, "--max-steps", "40", "--load",
         "--load-model-dir", str(tmp_path / "in"), *folders(tmp_path), timeout=120,
@@ -315,6 +326,12 @@ def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_p
     assert result.returncode == 0, result.stderr[-2000:]
     assert "loaded the weights alone from" in result.stderr
     assert "no training state" in result.stderr
+    # The record keeps the run before, and this sitting counts afresh after it.
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["previous_runs"] == [before] and "resumed_from" not in record
+    assert record["loaded_weights_from"] == str(tmp_path / "in" / f"{PONG}.dat")
+    totals = run_totals(record)
+    assert totals["frames"] == 1000 + record["finished"]["frames"] and totals["restarts"] == 1
 
 
 # -- a killed launcher -----------------------------------------------------------------------------

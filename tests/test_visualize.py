@@ -320,10 +320,16 @@ def test_results_table_from_eval_summaries(tmp_path):
     summary["training"]["command"] += " --log-dir /work/run/logs/ -smd /work/m --load-model-dir=x"
     summary["training"]["sittings"] = 3  # a run resumed twice: its first command, and so
     path.write_text(json.dumps(summary))
+    row = results_table([path]).splitlines()[2]
+    assert row.endswith(
+        "| `python main.py --env CartPole-v1` (resumed with `--load`: 3 parts in all) |"
+    )
+    summary["training"]["restarts"] = 1
+    path.write_text(json.dumps(summary))
     assert (
         results_table([path])
         .splitlines()[2]
-        .endswith("| `python main.py --env CartPole-v1` (then `--load` over 3 sittings) |")
+        .endswith("(resumed with `--load`: 3 parts in all, 1 of them from the `.dat` alone) |")
     )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
