@@ -452,11 +452,27 @@ def test_bad_limits_are_rejected(config):
 # -- config.json ---------------------------------------------------------------------------------
 
 
+# The original's config.json, entry by entry (crop1, crop2, dimension2).
+ORIGINAL_CROPS = {
+    "Default": (34, 34, 80),
+    "Asteroids": (16, 34, 94),
+    "BeamRider": (20, 20, 80),
+    "Breakout": (34, 34, 80),
+    "Centipede": (36, 56, 90),
+    "MsPacman": (2, 10, 84),
+    "Pong": (34, 34, 80),
+    "Seaquest": (30, 30, 80),
+    "SpaceInvaders": (8, 36, 94),
+    "VideoPinball": (42, 60, 89),
+    "Qbert": (12, 40, 94),
+    "Boxing": (30, 30, 80),
+}
+
+
 def test_repository_config_has_the_original_entries(config):
-    assert config["Pong"] == {"crop1": 34, "crop2": 34, "dimension2": 80}
-    assert config["Asteroids"] == {"crop1": 16, "crop2": 34, "dimension2": 94}
-    assert config["VideoPinball"] == {"crop1": 42, "crop2": 60, "dimension2": 89}
-    assert len(config) == 12
+    assert list(config) == list(ORIGINAL_CROPS)  # order matters: the last matching key wins
+    for game, (crop1, crop2, dimension2) in ORIGINAL_CROPS.items():
+        assert config[game] == {"crop1": crop1, "crop2": crop2, "dimension2": dimension2}, game
 
 
 def test_env_config_matches_substrings_else_default(config):
