@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
 from monitor import run_totals
-from player_util import GAME_OVER, STOPPED, GameResult, GreedyPlayer
+from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
 from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
 
@@ -35,6 +36,8 @@ DEMO_FPS = 15
 """One frame per agent step: with 4-frame skip, real time."""
 DEMO_MAX_FRAMES = 1500
 """Frames a demo keeps at most (a few MB of GIF); a longer game keeps every 2nd, 4th, ... frame."""
+QUIET_TAIL_STEPS = 2000
+"""A game cut by the time limit with no reward in this many last steps is said to have stalled."""
 
 
 class VideoRecorder:
@@ -92,6 +95,29 @@ class DemoFrames:
     def fps(self) -> float:
         """Playback rate that keeps the game's own speed (one agent step is 1/15 s)."""
         return DEMO_FPS / self.stride
+
+
+def cut_short(results: list[GameResult]) -> str:
+    """What the summary line says of the games that did not end in a game over ("" if none).
+
+    Games cut by the time limit with no reward in their last `QUIET_TAIL_STEPS` steps or more
+    are counted apart (e.g. Breakout waiting for a FIRE), so an evaluation without
+    ``--stall-steps`` still says how many of its games stalled.
+    """
+    endings = Counter(r.ending for r in results if r.ending != GAME_OVER)
+    if not endings:
+        return ""
+    parts = []
+    for ending, count in endings.items():
+        if ending != TIME_LIMIT:
+            parts.append(f"{count} {ending}")
+            continue
+        quiet = sum(
+            r.ending == TIME_LIMIT and r.steps_without_reward >= QUIET_TAIL_STEPS for r in results
+        )
+        tail = f" ({quiet} with no reward in their last {QUIET_TAIL_STEPS:,}+ steps)"
+        parts.append(f"{count} by the time limit" + (tail if quiet else ""))
+    return f" ({sum(endings.values())} cut short: {', '.join(parts)})"
 
 
 def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -> None:
@@ -397,6 +423,7 @@ def evaluate(args: EvalConfig) -> dict:
         "rewards": rewards,
         "lengths": lengths,
         "endings": endings,
+        "steps_without_reward": [r.steps_without_reward for r in results],
         "games_not_over": sum(ending != GAME_OVER for ending in endings),
         "seed": args.seed,
         "threads": args.threads,
@@ -409,12 +436,10 @@ def evaluate(args: EvalConfig) -> dict:
     }
     json_path = Path(args.log_dir) / f"{stem}_eval.json"
     json_path.write_text(json.dumps(summary, indent=2) + "\n")
-    not_over = summary["games_not_over"]
     log.info(
         f"{args.env}: mean reward {summary['mean']:.2f} +/- {summary['std']:.2f} (std) over "
-        f"{summary['games']} games, best {summary['best']}"
-        + (f" ({not_over} cut short: time limit or stalled)" if not_over else "")
-        + f"; summary in {json_path}"
+        f"{summary['games']} games, best {summary['best']}{cut_short(results)}; "
+        f"summary in {json_path}"
     )
     if args.new_gym_eval:
         log.info(f"videos in {video_dir}")

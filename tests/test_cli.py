@@ -24,8 +24,9 @@ from cli import (
     parse_eval_args,
     parse_train_args,
 )
-from gym_eval import process_seed
+from gym_eval import QUIET_TAIL_STEPS, cut_short, process_seed
 from model import A3Clstm
+from player_util import GAME_OVER, STALLED, TIME_LIMIT, GameResult
 from tests.conftest import (
     PONG,
     PONG_FLAGS,
@@ -310,11 +311,24 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("stalled: no reward in 50 steps") == 2
-    assert "(2 cut short: time limit or stalled)" in result.stderr
+    assert "(2 cut short: 2 stalled)" in result.stderr
     summary = json.loads((tmp_path / "logs" / "BreakoutNoFrameskip-v4_eval.json").read_text())
     assert summary["endings"] == ["stalled", "stalled"] and summary["games_not_over"] == 2
+    assert summary["steps_without_reward"] == [50, 50]
     assert summary["lengths"] == [50, 50]
     assert summary["threads"] == 1  # the default: steady when training shares the cores
+
+
+def test_the_summary_line_counts_games_cut_short_by_how_they_ended():
+    over = GameResult(400.0, 1500, GAME_OVER, 10)
+    quiet = GameResult(31.0, 10_000, TIME_LIMIT, QUIET_TAIL_STEPS)  # e.g. no FIRE after a life
+    busy = GameResult(500.0, 10_000, TIME_LIMIT, 3)
+    stalled = GameResult(12.0, 2_400, STALLED, 2_000)
+    assert cut_short([over, over]) == ""
+    assert cut_short([over, busy, quiet, stalled]) == (
+        f" (3 cut short: 2 by the time limit (1 with no reward in their last "
+        f"{QUIET_TAIL_STEPS:,}+ steps), 1 stalled)"
+    )
 
 
 def parent_of(pid: int) -> int:
