@@ -240,6 +240,12 @@ class ReportChannels:
     replacement gets a new pipe.
     """
 
+    # Reports read from one pipe per `receive` call. A child that writes as fast as the
+    # launcher reads would otherwise keep `receive` (and with it the launcher's whole loop:
+    # restarts, checkpoints, Ctrl-C) reading forever. A dead child's pipe holds at most its
+    # 64 KiB buffer, fewer reports than this, so it is still read to its end in one call.
+    MAX_REPORTS_PER_CALL = 4096
+
     def __init__(self, mp_context: Any):
         """No pipe yet; `open` makes one per child start."""
         self.mp = mp_context
@@ -264,9 +270,10 @@ class ReportChannels:
         child_ctx.reports.close()
 
     def receive(self, key: Any | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
-        """Every report that has arrived, as ``(key, kind, payload)``; never waits for more.
+        """The reports that have arrived, as ``(key, kind, payload)``; never waits for more.
 
-        A pipe whose child has died is read to its end and closed.
+        Every report that has arrived, up to `MAX_REPORTS_PER_CALL` from each pipe. A pipe
+        whose child has died is read to its end and closed.
 
         Args:
             key: read only this child's pipe (default: every child's).
@@ -281,7 +288,9 @@ class ReportChannels:
             if reader not in ready:
                 continue
             try:
-                while reader.poll():
+                for _ in range(self.MAX_REPORTS_PER_CALL):
+                    if not reader.poll():
+                        break
                     kind, payload = reader.recv()
                     received.append((child, kind, payload))
             except (EOFError, OSError, pickle.UnpicklingError):

@@ -188,6 +188,22 @@ def test_a_child_sigkilled_while_reporting_silences_only_itself():
     assert [payload["n"] for _, _, payload in replaced] == [0, 1, 2]
 
 
+def test_receive_reads_a_bounded_number_of_reports_per_pipe_per_call():
+    # A child writing as fast as the launcher reads must not keep the launcher's loop reading.
+    spawn = mp.get_context("spawn")
+    channels = ReportChannels(spawn)
+    channels.MAX_REPORTS_PER_CALL = 5
+    child_ctx = channels.open("worker", ProcessContext.create(spawn, slots=1), 0)
+    child = spawn.Process(target=_report_numbered, args=(child_ctx, 12))
+    child.start()
+    channels.started(child_ctx)
+    child.join(60)  # its 12 reports wait in the pipe
+    batches = [channels.receive() for _ in range(3)]
+    assert [len(batch) for batch in batches] == [5, 5, 2]
+    assert [payload["n"] for batch in batches for _, _, payload in batch] == list(range(12))
+    assert "worker" not in channels.readers  # the third call reached the end and closed it
+
+
 # -- GPU settings, checked without a GPU ---------------------------------------------------------
 
 
