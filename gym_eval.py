@@ -127,7 +127,8 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
     for frame in demo.frames:
         video.add(frame)
     video.close()
-    every = "every screen" if demo.stride == 1 else f"every {demo.stride}th screen"
+    nth = {1: "", 2: "2nd "}.get(demo.stride, f"{demo.stride}th ")  # the stride doubles: 2, 4, 8
+    every = f"every {nth}screen"
     log.info(
         f"demo: {gif} and {video.path} ({len(demo.frames)} frames: {every} of "
         f"{demo.seen} agent steps)"
