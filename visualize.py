@@ -462,7 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     milestone.add_argument(
         "log", nargs="+", help="a training log, <log-dir><env>_log; several: as for curve"
     )
-    milestone.add_argument("--reward", type=float, default=18.0, help="the reward to reach")
+    milestone.add_argument(
+        "--reward",
+        type=float,
+        nargs="+",
+        default=[18.0],
+        help="the reward(s) to reach, one line each (e.g. 50 100 200 300 400)",
+    )
     milestone.add_argument("--window", type=int, default=10, help="games in the mean")
     table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
     table.add_argument("summaries", nargs="+", help="<log-dir><env>_eval.json files")
@@ -489,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             if not games:
                 names = ", ".join(repr(log) for log in args.log)
                 raise UsageError(f"log {names} has no finished test game yet")
-            print(describe_milestone(games, args.reward, args.window))
+            for reward in args.reward:
+                print(describe_milestone(games, reward, args.window))
         else:
             print(results_table(args.summaries))
     except UsageError as err:

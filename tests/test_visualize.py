@@ -220,11 +220,14 @@ def test_milestone_is_the_first_full_window_reaching_the_reward(tmp_path):
     log = tmp_path / "x_log"
     log.write_text(_block("r") + "".join(_game(10 + i, r, 100 * i) for i, r in enumerate(rewards)))
     result = subprocess.run(
-        [sys.executable, "visualize.py", "milestone", str(log), "--reward", "18", "--window", "3"],
+        [sys.executable, "visualize.py", "milestone", str(log), "--reward", "18", "21.5",
+         "--window", "3"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "first reached 18 after 00h 00m 15s, 2,000 frames (test game 6)" in result.stdout
+    reached, not_reached = result.stdout.splitlines()
+    assert "first reached 18 after 00h 00m 15s, 2,000 frames (test game 6)" in reached
+    assert "has not reached 21.5" in not_reached
 
 
 def test_moving_average_by_hand():
