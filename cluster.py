@@ -22,6 +22,7 @@ Ray is imported only here, and only when ``--ray-address`` is given.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -73,6 +74,12 @@ def flat_weights(model: nn.Module) -> np.ndarray:
     """The model's parameters as one float32 vector (state_dict order), a copy."""
     with torch.no_grad():
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def weights_digest(weights: np.ndarray) -> str:
+    """A short fingerprint of a flat float32 vector, to tell two copies of it equal or not."""
+    data = np.ascontiguousarray(weights, dtype=np.float32).tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def add_flat(model: nn.Module, change: np.ndarray) -> None:
@@ -243,6 +250,7 @@ class ParameterServer:
         self.reports: list[dict[str, Any]] = []
         self.views: dict[str, np.ndarray] = {}
         self.generations: dict[str, int] = {}  # node -> how many launchers joined from it
+        self.final_answers: dict[str, str] = {}  # node -> digest of its last exchange's answer
 
     def exchange(
         self,
@@ -253,6 +261,7 @@ class ParameterServer:
         last_round_trip_ms: float | None = None,
         reports: list[dict[str, Any]] | None = None,
         generation: int = 0,
+        last: bool = False,
     ) -> tuple[np.ndarray, int]:
         """Add a node's change; return the global weights and the run's total steps.
 
@@ -273,6 +282,8 @@ class ParameterServer:
             last_round_trip_ms: how long its previous exchange took, end to end.
             reports: its workers' training summaries since its last exchange.
             generation: what `join` gave this launcher.
+            last: the node's last exchange of the run: the answer's digest is kept for the
+                run record, which checks that the node ended with the weights it was sent.
         """
         if change.shape != self.weights.shape:
             raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
@@ -298,6 +309,8 @@ class ParameterServer:
             self.round_trips[node] = (count + 1, total + last_round_trip_ms)
         if reports:
             self.reports.extend(reports)
+        if last:
+            self.final_answers[node] = weights_digest(answer)
         return answer, self.total_steps()
 
     def join(self, node: str) -> dict[str, Any]:
@@ -343,6 +356,7 @@ class ParameterServer:
             "pushes_per_node": dict(self.pushes),
             "bytes_exchanged": self.bytes_exchanged,
             "round_trip_ms": round(total / count, 2) if count else None,
+            "final_answers": dict(self.final_answers),
         }
 
 
@@ -455,6 +469,7 @@ class NodeLauncher:
                     self.round_trip_ms,
                     reports,
                     self.generation,
+                    last,
                 )
             )
             self.pool.ctx.steps[self.others_slot] = total - steps
@@ -483,8 +498,8 @@ class NodeLauncher:
         are the server's exactly (`WeightSync.exchange` with ``last``).
 
         Returns:
-            The node's summary: id, host, workers, exchanges, why it stopped, and the largest
-            difference between its weights and the server's after the last exchange.
+            The node's summary: id, host, workers, why it stopped, whether it failed, and
+            the digest of its weights after the last exchange (`weights_digest`).
         """
         try:
             self.pool.start()  # inside: a failed spawn still stops the children already started
@@ -493,14 +508,13 @@ class NodeLauncher:
             self.pool.stop_children()
         self._take_reports()
         self._exchange(last=True)
-        final = flat_weights(self.sync.model)
         return {
             "node": self.node,
             "host": os.uname().nodename,
             "workers": self.config.workers,
             "stop_reason": self.pool.stop_reason or "stopped",
             "failed": self.pool.failed,
-            "max_abs_diff_to_server": float(np.abs(final - self.sync.snapshot).max()),
+            "weights_digest": weights_digest(flat_weights(self.sync.model)),
         }
 
     def stop(self) -> None:
@@ -791,6 +805,10 @@ class ClusterRun:
         except self.ray.exceptions.RayError as err:
             self.log.error(f"could not reach the parameter server at the end ({err})")
             stats = {}
+        answers = stats.pop("final_answers", {})
+        for node_id, result in self.finished.items():
+            # What the node holds at the end against what the server sent it last.
+            result["matches_server"] = result.pop("weights_digest", None) == answers.get(node_id)
         self.launcher.monitor.record["cluster"] = {
             "nodes": [
                 {"id": node_id, "host": info["host"], "workers": info["workers"]}
