@@ -498,8 +498,9 @@ class NodeLauncher:
         are the server's exactly (`WeightSync.exchange` with ``last``).
 
         Returns:
-            The node's summary: id, host, workers, why it stopped, whether it failed, and
-            the digest of its weights after the last exchange (`weights_digest`).
+            The node's summary: id, host, workers, why it stopped, whether it failed, the
+            digest of its weights after the last exchange (`weights_digest`), and the folder
+            its code was imported from.
         """
         try:
             self.pool.start()  # inside: a failed spawn still stops the children already started
@@ -515,6 +516,7 @@ class NodeLauncher:
             "stop_reason": self.pool.stop_reason or "stopped",
             "failed": self.pool.failed,
             "weights_digest": weights_digest(flat_weights(self.sync.model)),
+            "code": str(Path(__file__).resolve().parent),  # the copy Ray unpacked on the node
         }
 
     def stop(self) -> None:

@@ -326,6 +326,8 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert cluster["bytes_exchanged"] > 0 and cluster["round_trip_ms"] > 0
     # After the last exchange every node holds exactly what the server sent it (both digests).
     assert all(cluster["finished"][i]["matches_server"] is True for i in ids)
+    # The nodes ran the copy of the code Ray shipped to them, not this checkout.
+    assert all(Path(cluster["finished"][i]["code"]) != ROOT.resolve() for i in ids)
     assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
     weights = flat_weights(load_pong_dat(tmp_path / "models" / f"{PONG}.dat")).size
 
