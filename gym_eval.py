@@ -140,8 +140,9 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
     `model_path`, whichever env the evaluation plays. Frames and seconds are the whole run's,
-    every sitting of it together (`monitor.run_totals`); the command is its first sitting's
-    (the later ones resumed it with ``--load``).
+    every sitting of it together (`monitor.run_totals`); ``command`` is its first sitting's
+    and ``commands`` every sitting's in order (the later ones resumed it with ``--load``,
+    some with other flags: a new lr, another precision on another machine).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     try:
@@ -159,6 +160,7 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
         "restarts": totals["restarts"],
         "hardware": record.get("hardware"),
         "command": next((s["command"] for s in sittings if s.get("command")), None),
+        "commands": [s.get("command") for s in sittings],
         "protocol": record.get("protocol"),
         "record": str(path),
     }

@@ -385,12 +385,36 @@ def without_folders(command: str) -> str:
     return " ".join(kept)
 
 
-def resumed_note(sittings: int, restarts: int) -> str:
-    """What a results row adds to a run's first command when it was trained in sittings."""
+def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None = None) -> str:
+    """What a results row adds to a run's first command when it was trained in sittings.
+
+    Args:
+        sittings: how many parts the run had.
+        restarts: how many of them started from the ``.dat`` alone.
+        commands: every part's command in order, where known: parts whose flags differ
+            from the part before (beyond ``--load`` and the folders) are named with theirs.
+    """
     if sittings <= 1:
         return ""
     fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
-    return f" (resumed with `--load`: {sittings} parts in all{fresh})"
+    groups: list[list] = []  # [first part, last part, flags] of each run of equal flags
+    for part, command in enumerate(commands or [], 1):
+        flags = same_run_flags(command) if command else None
+        if groups and flags in (None, groups[-1][2]):
+            groups[-1][1] = part
+        elif flags is not None:
+            groups.append([part, part, flags])
+    changes = [
+        f"{f'part {first}' if first == last else f'parts {first}-{last}'}: `{flags}`"
+        for first, last, flags in groups[1:]
+    ]
+    changed = "".join(f"; {change}" for change in changes)
+    return f" (resumed with `--load`: {sittings} parts in all{fresh}{changed})"
+
+
+def same_run_flags(command: str) -> str:
+    """`command` as a results row shows it: no folder flags, no ``--load``."""
+    return " ".join(word for word in without_folders(command).split() if word != "--load")
 
 
 def results_table(paths: list[str | Path]) -> str:
@@ -426,7 +450,11 @@ def results_table(paths: list[str | Path]) -> str:
                 best=summary["best"],
                 games=summary["games"],
                 cmd=without_folders(training.get("command") or "?"),
-                resumed=resumed_note(training.get("sittings", 1), training.get("restarts", 0)),
+                resumed=resumed_note(
+                    training.get("sittings", 1),
+                    training.get("restarts", 0),
+                    training.get("commands"),
+                ),
             )
         )
     return "\n".join(rows)

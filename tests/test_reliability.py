@@ -251,6 +251,7 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
     assert training is not None
     assert (training["frames"], training["seconds"], training["sittings"]) == (300, 150.0, 2)
     assert training["command"] == "python main.py --first" and training["restarts"] == 0
+    assert training["commands"] == ["python main.py --first", "python main.py --first --load"]
     assert training_record(str(tmp_path), Path("Other.dat")) is None
     (tmp_path / "List_run.json").write_text("[1, 2]")
     assert training_record(str(tmp_path), Path("List.dat")) is None

@@ -334,6 +334,19 @@ def test_results_table_from_eval_summaries(tmp_path):
         .splitlines()[2]
         .endswith("(resumed with `--load`: 3 parts in all, 1 of them from the `.dat` alone) |")
     )
+    # Parts whose flags changed (a new lr, fp32 on another machine) are named with theirs;
+    # --load, the folders and a part with no command known change nothing.
+    first = summary["training"]["command"]
+    fp32 = "python main.py --env CartPole-v1 --lr 0.0003"
+    summary["training"].update(
+        sittings=6,
+        commands=[first, f"{first} --load", f"{fp32} -lmd y", f"{fp32} --load", None, first],
+    )
+    path.write_text(json.dumps(summary))
+    assert results_table([path]).splitlines()[2].endswith(
+        "(resumed with `--load`: 6 parts in all, 1 of them from the `.dat` alone; "
+        f"parts 3-5: `{fp32}`; part 6: `python main.py --env CartPole-v1`) |"
+    )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
     v0 = describe_protocol(protocol("Pong-v0", 4, 100))
