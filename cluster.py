@@ -26,6 +26,7 @@ import hashlib
 import logging
 import math
 import os
+import socket
 import tempfile
 import time
 import warnings
@@ -576,11 +577,40 @@ def connect(ray: Any, address: str) -> None:
             f"--ray-address {address!r} is not an address ({err}); pass auto, local or "
             "host:port (the head's 'ray start --head' prints it)"
         ) from None
+    except ray.exceptions.AuthenticationError:
+        raise UsageError(
+            f"--ray-address {address}: the cluster wants a token; {TOKEN_FIX}"
+        ) from None
     except ConnectionError as err:
+        if answers_tcp(address):  # Ray says no more than this when it refused our token
+            raise UsageError(
+                f"--ray-address {address}: a Ray cluster is there but refused this process "
+                f"({err}), as it does when its authentication token is missing or wrong; "
+                f"{TOKEN_FIX}"
+            ) from None
         raise UsageError(
             f"--ray-address {address}: no Ray cluster answers there ({err}); start one with "
             "'ray start --head', or use --ray-address local"
         ) from None
+
+
+TOKEN_FIX = (
+    "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the head's token, from 'ray "
+    "get-auth-token' there> before main.py (docs/cluster.md#setup)"
+)
+"""What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one)."""
+
+
+def answers_tcp(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``host:port`` (``auto``: not known)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:

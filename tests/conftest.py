@@ -90,17 +90,31 @@ def folders(tmp_path: Path) -> list[str]:
     return ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
 
 
-def group_alive(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group `pgid`."""
-    alive = []
+def live_processes() -> dict[int, tuple[int, int, str]]:
+    """Pid -> (parent pid, process group, command line) of every live (non-zombie) process."""
+    table = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
-    return alive
+        if fields[0] != "Z":
+            table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return table
+
+
+def with_descendants(table: dict[int, tuple[int, int, str]], pids: set[int]) -> set[int]:
+    """`pids` and every descendant of theirs in `table` (`live_processes`)."""
+    found = set(pids)
+    while grown := {pid for pid, (parent, _, _) in table.items() if parent in found} - found:
+        found |= grown
+    return found
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group `pgid`."""
+    return [pid for pid, (_, group, _) in live_processes().items() if group == pgid]
 
 
 def wait_group_gone(pgid: int, seconds: float = 10) -> list[int]:

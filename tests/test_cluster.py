@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,7 +30,15 @@ from cluster import (
     set_flat,
     weights_digest,
 )
-from tests.conftest import PONG, PONG_FLAGS, ROOT, folders, load_pong_dat, run_cli
+from tests.conftest import (
+    PONG,
+    PONG_FLAGS,
+    ROOT,
+    folders,
+    live_processes,
+    load_pong_dat,
+    run_cli,
+)
 
 # Loopback only: otherwise Ray advertises this machine's interface address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -272,16 +281,41 @@ def test_a_single_machine_run_never_imports_ray():
 NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
 
 
+# Ray's token authentication on, as Ray 2.61 has it for every cluster: the nodes and every
+# main.py run here hold the token in RAY_AUTH_TOKEN, as docs/cluster.md tells a user to.
+AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
-    cluster.add_node(**NODE)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
+    saved = {name: os.environ.get(name) for name in AUTH}
+    os.environ.update(AUTH)
+    reload_ray_auth()
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes()
+        yield cluster
+        cluster.shutdown()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reload_ray_auth()
+
+
+def reload_ray_auth() -> None:
+    """Has this process's Ray read ``RAY_AUTH_*`` again: it reads them once, when imported
+    (what Ray's own tests do; its modules are private, so this is for tests only)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 CLUSTER_FLAGS = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0", "--sync-interval", "1"]
@@ -289,17 +323,9 @@ CLUSTER_FLAGS = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0", "--sync-
 
 def actor_processes(actors: tuple[str, ...] = ("NodeLauncher",)) -> dict[int, int]:
     """Pid -> parent pid of every live actor process of these classes and its spawned children."""
-    table: dict[int, tuple[int, str]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            table[int(stat.parent.name)] = (int(fields[1]), cmdline)
-    found = {pid for pid, (_, cmd) in table.items() if any(actor in cmd for actor in actors)}
-    return {pid: parent for pid, (parent, _) in table.items() if pid in found or parent in found}
+    table = live_processes()
+    found = {pid for pid, (_, _, cmd) in table.items() if any(actor in cmd for actor in actors)}
+    return {pid: parent for pid, (parent, _, _) in table.items() if pid in found or parent in found}
 
 
 EVERY_ACTOR = ("NodeLauncher", "ParameterServer")
@@ -310,6 +336,34 @@ def wait_until(predicate, seconds: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None},
+        {"RAY_AUTH_TOKEN": None},
+        {"RAY_AUTH_TOKEN": "0" * 64},
+    ],
+    ids=["no_auth_mode", "no_token", "wrong_token"],
+)
+def test_without_the_clusters_token_main_says_what_to_set(ray_cluster, tmp_path, auth):
+    env = {**os.environ, "HOME": str(tmp_path), **auth}  # HOME: no ~/.ray/auth_token either
+    result = subprocess.run(
+        [sys.executable, "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address,
+         *folders(tmp_path)],
+        cwd=ROOT, env={k: v for k, v in env.items() if v is not None}, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    # Ray's own warnings as it retries come first (its C++ core writes them); then ours.
+    ours = [line for line in result.stderr.splitlines() if line.startswith("main.py:")]
+    assert len(ours) == 1, result.stderr[-3000:]
+    assert ours[0].startswith(f"main.py: error: --ray-address {ray_cluster.address}: "), ours
+    assert result.stderr.strip().endswith(ours[0])
+    assert "RAY_AUTH_MODE=token" in ours[0] and "RAY_AUTH_TOKEN" in ours[0], ours
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.slow

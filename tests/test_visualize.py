@@ -343,9 +343,13 @@ def test_results_table_from_eval_summaries(tmp_path):
         commands=[first, f"{first} --load", f"{fp32} -lmd y", f"{fp32} --load", None, first],
     )
     path.write_text(json.dumps(summary))
-    assert results_table([path]).splitlines()[2].endswith(
-        "(resumed with `--load`: 6 parts in all, 1 of them from the `.dat` alone; "
-        f"parts 3-5: `{fp32}`; part 6: `python main.py --env CartPole-v1`) |"
+    assert (
+        results_table([path])
+        .splitlines()[2]
+        .endswith(
+            "(resumed with `--load`: 6 parts in all, 1 of them from the `.dat` alone; "
+            f"parts 3-5: `{fp32}`; part 6: `python main.py --env CartPole-v1`) |"
+        )
     )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
