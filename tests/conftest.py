@@ -104,14 +104,6 @@ def live_processes() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def with_descendants(table: dict[int, tuple[int, int, str]], pids: set[int]) -> set[int]:
-    """`pids` and every descendant of theirs in `table` (`live_processes`)."""
-    found = set(pids)
-    while grown := {pid for pid, (parent, _, _) in table.items() if parent in found} - found:
-        found |= grown
-    return found
-
-
 def group_alive(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes in process group `pgid`."""
     return [pid for pid, (_, group, _) in live_processes().items() if group == pgid]
