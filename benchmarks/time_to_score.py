@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -131,11 +132,14 @@ def one_machine_cluster(nodes: int) -> Iterator[str | None]:
 def run_config(
     extra: list[str], env: str, workers: int, minutes: float, targets: list[float], window: int,
     test_niceness: int, seed: int, warmup: float, keep: Path | None,
-    ray_address: str | None = None,
+    ray_address: str | None = None, keep_weights: Path | None = None,
 ) -> dict:  # fmt: skip
     """Train one configuration until it reaches its highest target or the time budget ends.
 
-    With `ray_address`, main.py trains on that Ray cluster (`workers` per node).
+    With `ray_address`, main.py trains on that Ray cluster (`workers` per node). `keep` gets
+    a copy of the training log; `keep_weights` of the weights main.py saved (its ``.dat``
+    files) and its run record, so that the final agent can be played afterwards
+    (``gym_eval.py --model``): the run's own folder is deleted.
 
     The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
     or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
@@ -191,10 +195,14 @@ def run_config(
                 "last_line": (stderr.strip().splitlines() or [""])[-1],
             }
         )
+        label = re.sub(r"[^A-Za-z0-9]+", "_", shlex.join(extra)).strip("_") or "default"
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            label = re.sub(r"[^A-Za-z0-9]+", "_", shlex.join(extra)).strip("_") or "default"
             (keep / f"{label}_log").write_text(log.read_text() if log.exists() else "")
+        if keep_weights is not None:
+            keep_weights.mkdir(parents=True, exist_ok=True)
+            for saved in [*sorted(Path(tmp).glob("*.dat")), *Path(tmp).glob("*_run.json")]:
+                shutil.copyfile(saved, keep_weights / f"{label}_{saved.name}")
     return result
 
 
@@ -255,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--warmup", type=float, default=60, help="seconds left out of frames/s")
     p.add_argument("--keep-logs", type=Path, help="copy each run's training log here")
+    p.add_argument(
+        "--keep-weights", type=Path,
+        help="copy each run's saved weights (.dat) and run record here, to play them later",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     if args.minutes <= 0:
@@ -289,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_config(
                 shlex.split(config), args.env, args.workers, args.minutes, args.targets,
                 args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs, address,
+                args.keep_weights,
             )  # fmt: skip
             row["ray_nodes"] = args.ray_nodes
             results.append(row)

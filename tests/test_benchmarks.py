@@ -134,6 +134,25 @@ def test_time_to_score_says_when_main_py_stopped_by_itself(tmp_path, capsys):
     assert "\n" not in line
 
 
+@pytest.mark.slow
+def test_time_to_score_keeps_the_weights_of_a_run_it_was_asked_to(tmp_path):
+    """--keep-weights copies the run's .dat and run record out of its deleted folder."""
+    keep = tmp_path / "kept"
+    argv = [
+        "--env", "CartPole-v1", "--workers", "1", "--minutes", "2", "--keep-weights", str(keep),
+        "--config", "--max-steps 400",
+    ]  # fmt: skip
+    assert time_to_score.main(argv) == 0
+    weights = keep / "max_steps_400_CartPole-v1.dat"
+    assert sorted(p.name for p in keep.iterdir()) == [
+        "max_steps_400_CartPole-v1.dat", "max_steps_400_CartPole-v1_run.json",
+    ]  # fmt: skip
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    assert state and all(torch.isfinite(t).all() for t in state.values())
+    record = json.loads((keep / "max_steps_400_CartPole-v1_run.json").read_text())
+    assert record["env"] == "CartPole-v1"
+
+
 def test_bench_conv_layers_times_every_layer_and_the_floor(tmp_path, capsys):
     import bench_conv_layers
 
