@@ -562,6 +562,9 @@ def connect(ray: Any, address: str) -> None:
         # the single-machine launcher's do (Ray's own job supervisor sets the same).
         "env_vars": {"RAY_worker_niceness": "0"},
     }
+    refusal = tcp_refusal(address) if host_port(address) else None
+    if refusal is not None:  # Ray itself retries a silent host:port for minutes
+        raise UsageError(no_cluster(address, refusal))
     try:
         if address == "local":  # "local", not None: RAY_ADDRESS must not make it join one
             ray.init(
@@ -582,16 +585,21 @@ def connect(ray: Any, address: str) -> None:
             f"--ray-address {address}: the cluster wants a token; {TOKEN_FIX}"
         ) from None
     except ConnectionError as err:
-        if answers_tcp(address):  # Ray says no more than this when it refused our token
+        if tcp_refusal(address) is None:  # Ray says no more than this when it refused our token
             raise UsageError(
                 f"--ray-address {address}: a Ray cluster is there but refused this process "
                 f"({err}), as it does when its authentication token is missing or wrong; "
                 f"{TOKEN_FIX}"
             ) from None
-        raise UsageError(
-            f"--ray-address {address}: no Ray cluster answers there ({err}); start one with "
-            "'ray start --head', or use --ray-address local"
-        ) from None
+        raise UsageError(no_cluster(address, str(err))) from None
+
+
+def no_cluster(address: str, why: str) -> str:
+    """The one-line error for an address where no Ray cluster answers."""
+    return (
+        f"--ray-address {address}: no Ray cluster answers there ({why}); start one with "
+        "'ray start --head' (it prints the address), or use --ray-address local"
+    )
 
 
 TOKEN_FIX = (
@@ -601,16 +609,24 @@ TOKEN_FIX = (
 """What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one)."""
 
 
-def answers_tcp(address: str) -> bool:
-    """Whether something accepts a TCP connection at ``host:port`` (``auto``: not known)."""
+def host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a plain ``host:port`` address; None for ``auto``, ``ray://...``."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return False
+    if not host or not port.isdigit() or "://" in address:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def tcp_refusal(address: str) -> str | None:
+    """None when something accepts a TCP connection at ``host:port``; else why not."""
+    where = host_port(address)
+    if where is None:
+        return "not a host:port address"
     try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-    except OSError:
-        return False
-    return True
+        socket.create_connection(where, timeout=2).close()
+    except (OSError, OverflowError) as err:  # OverflowError: a port past 65535
+        return f"nothing accepts a connection there: {err}"
+    return None
 
 
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:

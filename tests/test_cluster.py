@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -251,6 +252,24 @@ def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, flags, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once(tmp_path):
+    """Ray alone would retry such an address for minutes; main.py says so in one line."""
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a loopback port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    result = run_cli("main.py", "--ray-address", address, *folders(tmp_path), timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"main.py: error: --ray-address {address}: no Ray cluster answers there (nothing "
+        "accepts a connection there: "
+    ), lines
+    assert "'ray start --head'" in lines[0]
+    assert not (tmp_path / "models").exists()
 
 
 def test_without_ray_installed_ray_address_says_how_to_install_it(tmp_path):
