@@ -366,6 +366,24 @@ class ParameterServer:
 # ----------------------------------------------------------------------------------------------
 
 
+def node_config(config: TrainConfig, index: int) -> TrainConfig:
+    """The configuration of the run's `index`-th node: its workers' place in the whole run.
+
+    Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: node i
+    starts at seed + i*W*K, so no two envs of the run share a seed. ``--distributed-step-size``
+    is dealt round-robin over the run's workers, not each node's: node i's worker r gets the
+    size of worker i*W + r of one big pool (the list, rotated by i*W).
+    """
+    per_node = config.workers * config.envs_per_worker
+    sizes = config.distributed_step_size
+    shift = index * config.workers % len(sizes) if sizes else 0
+    return dataclasses.replace(
+        config,
+        seed=config.seed + index * per_node,
+        distributed_step_size=(*sizes[shift:], *sizes[:shift]),
+    )
+
+
 class NodeLauncher:
     """One machine's Hogwild pool (run as a Ray actor pinned to that machine)."""
 
@@ -405,10 +423,7 @@ class NodeLauncher:
         # fails to start, and the driver names it.
         check_gpus(config.gpu_ids)
         check_precision(config.precision, config.gpu_ids)
-        # Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: node i
-        # starts at seed + i*W*K, so no two envs of the run share a seed.
-        per_node = config.workers * config.envs_per_worker
-        self.config = dataclasses.replace(config, seed=config.seed + index * per_node)
+        self.config = node_config(config, index)
         self.server = server
         self.node = node
         self.index = index

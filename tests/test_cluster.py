@@ -28,6 +28,7 @@ from cluster import (
     WeightSync,
     add_flat,
     flat_weights,
+    node_config,
     set_flat,
     weights_digest,
 )
@@ -38,8 +39,10 @@ from tests.conftest import (
     folders,
     live_processes,
     load_pong_dat,
+    make_args,
     run_cli,
 )
+from train import step_size_for
 
 # Loopback only: otherwise Ray advertises this machine's interface address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -227,6 +230,23 @@ def test_a_replaced_launchers_late_exchange_counts_but_leaves_the_new_ones_state
     assert np.allclose(server.weights, start + 3 * 2**-10, rtol=0, atol=1e-7)
     server.leave("a")  # lost: its view (a copy of the model) goes, its counts stay
     assert "a" not in server.views and server.pull()["steps"] == 3
+
+
+@pytest.mark.parametrize(("workers", "sizes"), [(1, (5, 20)), (2, (5, 10, 20)), (3, (5, 20))])
+def test_nodes_deal_seeds_and_step_sizes_as_one_big_pool_would(workers, sizes):
+    """Node i's worker r is worker i*W + r of one pool: its n-step and its envs' seeds."""
+    config = make_args(workers=workers, envs_per_worker=2, seed=7, distributed_step_size=sizes)
+    pool = workers * 3
+    dealt, seeds = [], []
+    for index in range(3):
+        node = node_config(config, index)
+        dealt += [
+            step_size_for(r, node.num_steps, node.distributed_step_size) for r in range(workers)
+        ]
+        seeds += [node.seed + r + k * workers for r in range(workers) for k in range(2)]
+    assert dealt == [step_size_for(r, config.num_steps, sizes) for r in range(pool)]
+    assert sorted(seeds) == [7 + s for s in range(pool * 2)]
+    assert node_config(make_args(workers=2), 1).distributed_step_size == ()
 
 
 # -- the CLI without a cluster ------------------------------------------------------------------
