@@ -814,6 +814,11 @@ class ClusterRun:
         """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
         host = self.nodes[node_id]["host"]
         lost = False
+        after = (
+            "the run is stopping"
+            if self.launcher.ctx.stopping()
+            else f"the run goes on with {len(self.runs)} nodes"
+        )
         try:
             result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
@@ -833,13 +838,12 @@ class ClusterRun:
             self.log.error(
                 f"node {node_id[:12]} ({host}) "
                 + ("could not start" if refused else "lost")
-                + f": {cause}; the run goes on with {len(self.runs)} nodes"
+                + f": {cause}; {after}"
             )
         else:
             if result["failed"]:
                 self.log.error(
-                    f"node {node_id[:12]} ({host}) failed: {result['stop_reason']}; the run "
-                    f"goes on with {len(self.runs)} nodes"
+                    f"node {node_id[:12]} ({host}) failed: {result['stop_reason']}; {after}"
                 )
         self.ray.kill(self.actors[node_id])  # its run is over: free its model and optimizer
         return lost

@@ -125,7 +125,7 @@ def resume_from(
     elif state.optimizer is None:
         statistics = (
             "optimizer statistics start afresh (the state holds none: it was saved by a "
-            "--no-shared-optimizer run)"
+            "--no-shared-optimizer run or a cluster run, whose statistics stay on its nodes)"
         )
     else:
         statistics = "optimizer statistics restored"
