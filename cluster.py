@@ -817,7 +817,7 @@ class ClusterRun:
         after = (
             "the run is stopping"
             if self.launcher.ctx.stopping()
-            else f"the run goes on with {len(self.runs)} nodes"
+            else f"the run goes on with {len(self.runs)} node{'s' * (len(self.runs) != 1)}"
         )
         try:
             result = self.finished[node_id] = self.ray.get(ref)

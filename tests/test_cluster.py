@@ -512,7 +512,7 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
         victim = launchers[-1]
         victims_children = [pid for pid, parent in table.items() if parent == victim]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: run.said("the run goes on with 1 nodes"), 60, "the loss named")
+        wait_until(lambda: run.said("the run goes on with 1 node"), 60, "the loss named")
         # Its machine is alive: a new launcher starts there once the restart wait is over.
         wait_until(lambda: run.said("restarted (start 2 of at most 3)"), 120, "the restart")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
@@ -538,7 +538,7 @@ def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluste
         run.wait_until_training(test_games=2)
         (machine,) = ray_cluster.worker_nodes
         ray_cluster.remove_node(machine, allow_graceful=False)  # the raylet and all on it die
-        wait_until(lambda: run.said("the run goes on with 1 nodes"), 120, "the loss named")
+        wait_until(lambda: run.said("the run goes on with 1 node"), 120, "the loss named")
         ray_cluster.add_node(**NODE)  # a machine joins (or the lost one comes back: a new id)
         wait_until(lambda: run.said(") joined; the run goes on"), 120, "the new node")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
