@@ -577,7 +577,8 @@ def connect(ray: Any, address: str) -> None:
         # the single-machine launcher's do (Ray's own job supervisor sets the same).
         "env_vars": {"RAY_worker_niceness": "0"},
     }
-    refusal = tcp_refusal(address) if host_port(address) else None
+    where = host_port(address)
+    refusal = tcp_refusal(*where) if where else None
     if refusal is not None:  # Ray itself retries a silent host:port for minutes
         raise UsageError(no_cluster(address, refusal))
     try:
@@ -600,7 +601,7 @@ def connect(ray: Any, address: str) -> None:
             f"--ray-address {address}: the cluster wants a token; {TOKEN_FIX}"
         ) from None
     except ConnectionError as err:
-        if tcp_refusal(address) is None:  # Ray says no more than this when it refused our token
+        if where:  # it took our connection above: Ray says no more than this to a wrong token
             raise UsageError(
                 f"--ray-address {address}: a Ray cluster is there but refused this process "
                 f"({err}), as it does when its authentication token is missing or wrong; "
@@ -632,13 +633,10 @@ def host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def tcp_refusal(address: str) -> str | None:
-    """None when something accepts a TCP connection at ``host:port``; else why not."""
-    where = host_port(address)
-    if where is None:
-        return "not a host:port address"
+def tcp_refusal(host: str, port: int) -> str | None:
+    """None when something accepts a TCP connection at `host`:`port`; else why not."""
     try:
-        socket.create_connection(where, timeout=2).close()
+        socket.create_connection((host, port), timeout=2).close()
     except (OSError, OverflowError) as err:  # OverflowError: a port past 65535
         return f"nothing accepts a connection there: {err}"
     return None
