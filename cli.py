@@ -444,7 +444,8 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     if config.ray_address and not ray_address_ok(config.ray_address):
         raise UsageError(
             f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
-            "host:port (the port 'ray start --head' printed, 6379 by default)"
+            "host:port (the port 'ray start --head' printed, 6379 by default; an IPv6 host in "
+            "brackets, [::1]:6379)"
         )
     if not config.ray_address and config.exchange_precision != "fp32":
         raise UsageError(
@@ -465,11 +466,18 @@ def validate_train(config: TrainConfig) -> TrainConfig:
 
 
 def ray_address_ok(address: str) -> bool:
-    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535."""
+    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535.
+
+    An IPv6 host goes in brackets (``[::1]:6379``): without them its last colon would be taken
+    for the port's.
+    """
     if address in ("auto", "local"):
         return True
     host, _, port = address.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    name = host.rpartition("://")[2]  # ray://host:port: the host after the scheme
+    if ":" in name and not (name.startswith("[") and name.endswith("]")):
+        return False
+    return bool(host) and port.isascii() and port.isdecimal() and 0 < int(port) < 65536
 
 
 def validate_eval(config: EvalConfig) -> EvalConfig:

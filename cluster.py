@@ -366,22 +366,37 @@ class ParameterServer:
 # ----------------------------------------------------------------------------------------------
 
 
-def node_config(config: TrainConfig, index: int) -> TrainConfig:
-    """The configuration of the run's `index`-th node: its workers' place in the whole run.
+def node_config(config: TrainConfig, index: int, place: int) -> TrainConfig:
+    """The configuration of a node's pool: its workers' place in the whole run.
 
-    Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: node i
-    starts at seed + i*W*K, so no two envs of the run share a seed. ``--distributed-step-size``
-    is dealt round-robin over the run's workers, not each node's: node i's worker r gets the
-    size of worker i*W + r of one big pool (the list, rotated by i*W).
+    Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: the node
+    started `index`-th (0 = the head; a restart counts anew) starts at seed + index*W*K, so no
+    two envs of the run, restarts included, share a seed. ``--distributed-step-size`` is dealt
+    round-robin over the workers training at once, not over each node's: the node in `place`
+    (its place among the nodes training together, `pick_place`) has worker r take the size of
+    worker place*W + r of one big pool (the list, rotated by place*W), so a node that replaces a
+    lost one takes its sizes and none goes missing.
     """
     per_node = config.workers * config.envs_per_worker
     sizes = config.distributed_step_size
-    shift = index * config.workers % len(sizes) if sizes else 0
+    shift = place * config.workers % len(sizes) if sizes else 0
     return dataclasses.replace(
         config,
         seed=config.seed + index * per_node,
         distributed_step_size=(*sizes[shift:], *sizes[:shift]),
     )
+
+
+def pick_place(previous: int | None, taken: set[int]) -> int:
+    """The place of a node starting: its `previous` one when free, else the lowest free one.
+
+    Args:
+        previous: the place the node had before it was lost (None: it never ran).
+        taken: the places of the nodes training now.
+    """
+    if previous is not None and previous not in taken:
+        return previous
+    return next(place for place in range(len(taken) + 1) if place not in taken)
 
 
 class NodeLauncher:
@@ -394,6 +409,7 @@ class NodeLauncher:
         server: Any,
         node: str,
         index: int,
+        place: int,
     ):
         """Build the node's shared model from the server's weights, its optimizer, its pool.
 
@@ -402,7 +418,8 @@ class NodeLauncher:
             env_conf: the game's ``config.json`` entry.
             server: the `ParameterServer` actor.
             node: this node's Ray id.
-            index: this node's place in the run (0 = the head), for worker seeds and ranks.
+            index: this node's start in the run (0 = the head), for worker seeds and ranks.
+            place: its place among the nodes training together, for the n-step sizes.
         """
         import ray
 
@@ -423,7 +440,7 @@ class NodeLauncher:
         # fails to start, and the driver names it.
         check_gpus(config.gpu_ids)
         check_precision(config.precision, config.gpu_ids)
-        self.config = node_config(config, index)
+        self.config = node_config(config, index, place)
         self.server = server
         self.node = node
         self.index = index
@@ -626,7 +643,10 @@ TOKEN_FIX = (
 
 
 def host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a plain ``host:port`` address; None for ``auto``, ``ray://...``."""
+    """``(host, port)`` of a plain ``host:port`` address; None for ``auto``, ``ray://...``.
+
+    The CLI has checked the port (1-65535) and the brackets of an IPv6 host (`cli.ray_address_ok`).
+    """
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
         return None
@@ -637,9 +657,14 @@ def tcp_refusal(host: str, port: int) -> str | None:
     """None when something accepts a TCP connection at `host`:`port`; else why not."""
     try:
         socket.create_connection((host, port), timeout=2).close()
-    except (OSError, OverflowError) as err:  # OverflowError: a port past 65535
+    except OSError as err:
         return f"nothing accepts a connection there: {err}"
     return None
+
+
+def count_nodes(count: int) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{count} node{'s' * (count != 1)}"
 
 
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
@@ -705,6 +730,7 @@ class ClusterRun:
         self.actors: dict[str, Any] = {}
         self.runs: dict[Any, str] = {}  # a launcher's run() -> its node id
         self.starts: dict[str, int] = {}
+        self.places: dict[str, int] = {}  # a node's place in the pool (`pick_place`)
         self.finished: dict[str, dict[str, Any]] = {}
         self.lost: dict[str, str] = {}
         self.lost_at: dict[str, float] = {}
@@ -717,8 +743,8 @@ class ClusterRun:
         self.base_steps = ctx.base_steps
         self.base_skipped = ctx.base_skipped
         log.info(
-            f"cluster: {len(self.nodes)} nodes x {config.workers} workers, parameter server on "
-            f"{self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
+            f"cluster: {count_nodes(len(self.nodes))} x {config.workers} workers, parameter "
+            f"server on {self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
             f"({config.exchange_precision})"
         )
 
@@ -727,9 +753,11 @@ class ClusterRun:
         node_id = node["NodeID"]
         self.nodes[node_id] = {"host": node["NodeManagerAddress"], "workers": self.config.workers}
         index = sum(self.starts.values())  # a new index each start: its own seeds and ranks
+        taken = {self.places[running] for running in self.runs.values()}
+        place = self.places[node_id] = pick_place(self.places.get(node_id), taken)
         actor = self.node_actor.options(
             num_cpus=0, max_concurrency=2, scheduling_strategy=pinned(node_id)
-        ).remote(self.config, self.launcher.env_conf, self.server, node_id, index)
+        ).remote(self.config, self.launcher.env_conf, self.server, node_id, index, place)
         self.actors[node_id] = actor
         self.runs[actor.run.remote()] = node_id
         self.starts[node_id] = self.starts.get(node_id, 0) + 1
@@ -762,7 +790,7 @@ class ClusterRun:
             what = f"restarted (start {starts + 1} of at most {MAX_STARTS})" if starts else "joined"
             self.log.warning(
                 f"node {node_id[:12]} ({node['NodeManagerAddress']}) {what}; the run goes on "
-                f"with {len(running)} nodes"
+                f"with {count_nodes(len(running))}"
             )
 
     def pull(self) -> None:
@@ -785,7 +813,8 @@ class ClusterRun:
         done = []
         if self.runs:
             done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
-        lost = [self._settle(self.runs.pop(ref), ref) for ref in done]
+        ended = [(self.runs.pop(ref), ref) for ref in done]  # all out first: `_settle` counts
+        lost = [self._settle(node_id, ref) for node_id, ref in ended]
         # After a loss, wait for the next round unless no launcher is left: Ray may list a
         # dying machine as alive for some seconds, and a start there would fail.
         if not self.launcher.ctx.stopping() and (
@@ -812,11 +841,12 @@ class ClusterRun:
         """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
         host = self.nodes[node_id]["host"]
         lost = False
-        after = (
-            "the run is stopping"
-            if self.launcher.ctx.stopping()
-            else f"the run goes on with {len(self.runs)} node{'s' * (len(self.runs) != 1)}"
-        )
+        if self.launcher.ctx.stopping():
+            after = "the run is stopping"
+        elif self.runs:
+            after = f"the run goes on with {count_nodes(len(self.runs))}"
+        else:
+            after = "no node is training now"
         try:
             result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:

@@ -29,6 +29,7 @@ from cluster import (
     add_flat,
     flat_weights,
     node_config,
+    pick_place,
     set_flat,
     weights_digest,
 )
@@ -239,14 +240,30 @@ def test_nodes_deal_seeds_and_step_sizes_as_one_big_pool_would(workers, sizes):
     pool = workers * 3
     dealt, seeds = [], []
     for index in range(3):
-        node = node_config(config, index)
+        node = node_config(config, index, index)
         dealt += [
             step_size_for(r, node.num_steps, node.distributed_step_size) for r in range(workers)
         ]
         seeds += [node.seed + r + k * workers for r in range(workers) for k in range(2)]
     assert dealt == [step_size_for(r, config.num_steps, sizes) for r in range(pool)]
     assert sorted(seeds) == [7 + s for s in range(pool * 2)]
-    assert node_config(make_args(workers=2), 1).distributed_step_size == ()
+    assert node_config(make_args(workers=2), 1, 1).distributed_step_size == ()
+
+
+def test_a_node_replacing_a_lost_one_takes_its_step_sizes_and_new_seeds():
+    """Node 1 of 2 (W=1, sizes 5 and 20) is lost and a third start replaces it: with 20."""
+    config = make_args(workers=1, envs_per_worker=2, seed=7, distributed_step_size=(5, 20))
+    places = {"a": pick_place(None, set()), "b": pick_place(None, {0})}
+    assert places == {"a": 0, "b": 1}
+    assert pick_place(places["b"], {0}) == 1  # b comes back: its own place
+    assert pick_place(None, {0}) == 1  # or another node takes the free one
+    assert pick_place(1, {0, 1}) == 2  # b back after a newcomer took its place
+    assert pick_place(None, {0, 2}) == 1
+    replacement = node_config(config, 2, pick_place(None, {0}))
+    first = node_config(config, 0, 0)
+    sizes = [step_size_for(0, n.num_steps, n.distributed_step_size) for n in (first, replacement)]
+    assert sizes == [5, 20]
+    assert replacement.seed == 7 + 2 * 2  # seeds by start: none shared with the lost node's
 
 
 # -- the CLI without a cluster ------------------------------------------------------------------
@@ -260,6 +277,9 @@ def test_nodes_deal_seeds_and_step_sizes_as_one_big_pool_would(workers, sizes):
         (["--ray-address", "local", "--nodes", "-1"], "--nodes must be 0 (every node) or more"),
         (["--ray-address", "host:abc"], "--ray-address 'host:abc' is not an address"),
         (["--ray-address", "head"], "--ray-address 'head' is not an address"),
+        (["--ray-address", "host:\u00b2"], "--ray-address 'host:\u00b2' is not an address"),
+        (["--ray-address", "host:70000"], "--ray-address 'host:70000' is not an address"),
+        (["--ray-address", "::1:6379"], "--ray-address '::1:6379' is not an address"),
         (["--exchange-precision", "fp16"], "--exchange-precision fp16 needs --ray-address"),
         (
             ["--ray-address", "local", "--exchange-precision", "bf16"],
@@ -512,7 +532,7 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
         victim = launchers[-1]
         victims_children = [pid for pid, parent in table.items() if parent == victim]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: run.said("the run goes on with 1 node"), 60, "the loss named")
+        wait_until(lambda: run.said("the run goes on with 1 node\n"), 60, "the loss named")
         # Its machine is alive: a new launcher starts there once the restart wait is over.
         wait_until(lambda: run.said("restarted (start 2 of at most 3)"), 120, "the restart")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
@@ -538,7 +558,7 @@ def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluste
         run.wait_until_training(test_games=2)
         (machine,) = ray_cluster.worker_nodes
         ray_cluster.remove_node(machine, allow_graceful=False)  # the raylet and all on it die
-        wait_until(lambda: run.said("the run goes on with 1 node"), 120, "the loss named")
+        wait_until(lambda: run.said("the run goes on with 1 node\n"), 120, "the loss named")
         ray_cluster.add_node(**NODE)  # a machine joins (or the lost one comes back: a new id)
         wait_until(lambda: run.said(") joined; the run goes on"), 120, "the new node")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
