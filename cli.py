@@ -466,18 +466,23 @@ def validate_train(config: TrainConfig) -> TrainConfig:
 
 
 def ray_address_ok(address: str) -> bool:
-    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535.
+    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535."""
+    return address in ("auto", "local") or host_port(address) is not None
 
-    An IPv6 host goes in brackets (``[::1]:6379``): without them its last colon would be taken
-    for the port's.
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` or ``ray://host:port``; None when it is neither.
+
+    The port must be a number in 1-65535, and an IPv6 host goes in brackets (``[::1]:6379``):
+    without them its last colon would be taken for the port's.
     """
-    if address in ("auto", "local"):
-        return True
     host, _, port = address.rpartition(":")
     name = host.rpartition("://")[2]  # ray://host:port: the host after the scheme
-    if ":" in name and not (name.startswith("[") and name.endswith("]")):
-        return False
-    return bool(host) and port.isascii() and port.isdecimal() and 0 < int(port) < 65536
+    if not name or (":" in name and not (name.startswith("[") and name.endswith("]"))):
+        return None
+    if not (port.isascii() and port.isdecimal() and 0 < int(port) < 65536):
+        return None
+    return name.strip("[]"), int(port)
 
 
 def validate_eval(config: EvalConfig) -> EvalConfig:

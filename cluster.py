@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cli import TrainConfig
+from cli import TrainConfig, host_port
 from environment import make_env
 from utils import UsageError, check_gpus, check_precision
 
@@ -594,7 +594,7 @@ def connect(ray: Any, address: str) -> None:
         # the single-machine launcher's do (Ray's own job supervisor sets the same).
         "env_vars": {"RAY_worker_niceness": "0"},
     }
-    where = host_port(address)
+    where = None if "://" in address else host_port(address)  # ray:// is Ray's client
     refusal = tcp_refusal(*where) if where else None
     if refusal is not None:  # Ray itself retries a silent host:port for minutes
         raise UsageError(no_cluster(address, refusal))
@@ -640,17 +640,6 @@ TOKEN_FIX = (
     "get-auth-token' there> before main.py (docs/cluster.md#setup)"
 )
 """What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one)."""
-
-
-def host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a plain ``host:port`` address; None for ``auto``, ``ray://...``.
-
-    The CLI has checked the port (1-65535) and the brackets of an IPv6 host (`cli.ray_address_ok`).
-    """
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "://" in address:
-        return None
-    return host.strip("[]"), int(port)
 
 
 def tcp_refusal(host: str, port: int) -> str | None:
