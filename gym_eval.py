@@ -139,12 +139,15 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     """What the run record in `log_dir` says about how the model was trained, if present.
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
-    `model_path`, whichever env the evaluation plays. Frames and seconds are the whole run's,
-    every sitting of it together (`monitor.run_totals`); ``command`` is its first sitting's
-    and ``commands`` every sitting's in order (the later ones resumed it with ``--load``,
-    some with other flags: a new lr, another precision on another machine).
+    `model_path`, whichever env the evaluation plays; a ``<env>_last.dat`` (the shutdown save
+    of a ``--save-max`` run) has its run's ``<env>_run.json``. Frames and seconds are the
+    whole run's, every sitting of it together (`monitor.run_totals`); ``command`` is its first
+    sitting's and ``commands`` every sitting's in order (the later ones resumed it with
+    ``--load``, some with other flags: a new lr, another precision on another machine).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
+    if not path.exists() and model_path.stem.endswith("_last"):
+        path = Path(log_dir) / f"{model_path.stem.removesuffix('_last')}_run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

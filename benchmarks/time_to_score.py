@@ -132,14 +132,15 @@ def one_machine_cluster(nodes: int) -> Iterator[str | None]:
 def run_config(
     extra: list[str], env: str, workers: int, minutes: float, targets: list[float], window: int,
     test_niceness: int, seed: int, warmup: float, keep: Path | None,
-    ray_address: str | None = None, keep_weights: Path | None = None,
+    ray_address: str | None = None, keep_weights: Path | None = None, label: str = "default",
 ) -> dict:  # fmt: skip
     """Train one configuration until it reaches its highest target or the time budget ends.
 
     With `ray_address`, main.py trains on that Ray cluster (`workers` per node). `keep` gets
     a copy of the training log; `keep_weights` of the weights main.py saved (its ``.dat``
     files) and its run record, so that the final agent can be played afterwards
-    (``gym_eval.py --model``): the run's own folder is deleted.
+    (``gym_eval.py --model``): the run's own folder is deleted. Both copies are named
+    ``<label>_...``.
 
     The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
     or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
@@ -180,7 +181,11 @@ def run_config(
             stopped_itself = proc.poll() is not None
             if not stopped_itself:
                 os.killpg(proc.pid, signal.SIGINT)
-                proc.wait(timeout=120)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:  # deaf to Ctrl-C: no process left behind
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         reader.join(timeout=10)
         result = summarise(log, targets, window) if log.exists() else {"reached": False}
         stderr = "".join(stderr_lines)
@@ -195,7 +200,6 @@ def run_config(
                 "last_line": (stderr.strip().splitlines() or [""])[-1],
             }
         )
-        label = re.sub(r"[^A-Za-z0-9]+", "_", shlex.join(extra)).strip("_") or "default"
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             (keep / f"{label}_log").write_text(log.read_text() if log.exists() else "")
@@ -204,6 +208,23 @@ def run_config(
             for saved in [*sorted(Path(tmp).glob("*.dat")), *Path(tmp).glob("*_run.json")]:
                 shutil.copyfile(saved, keep_weights / f"{label}_{saved.name}")
     return result
+
+
+def config_labels(configs: list[str]) -> list[str]:
+    """A file-name label per configuration, its flags' letters and digits, each one different.
+
+    Flags that differ only in punctuation (``--lr=1e-4``, ``--lr 1e-4``) and a configuration
+    given twice get ``_2``, ``_3``... so that no run's kept log or weights overwrite another's.
+    """
+    labels: list[str] = []
+    for config in configs:
+        base = re.sub(r"[^A-Za-z0-9]+", "_", config).strip("_") or "default"
+        label, n = base, 1
+        while label in labels:
+            n += 1
+            label = f"{base}_{n}"
+        labels.append(label)
+    return labels
 
 
 def describe(row: dict, targets: list[float], window: int) -> str:
@@ -297,11 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     failed = False
     with one_machine_cluster(args.ray_nodes) as address:
-        for config in configs:
+        for config, label in zip(configs, config_labels(configs), strict=True):
             row = run_config(
                 shlex.split(config), args.env, args.workers, args.minutes, args.targets,
                 args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs, address,
-                args.keep_weights,
+                args.keep_weights, label,
             )  # fmt: skip
             row["ray_nodes"] = args.ray_nodes
             results.append(row)

@@ -109,6 +109,13 @@ def test_time_to_score_checks_every_config_before_the_first_run(monkeypatch, cap
     assert "No closing quotation" in capsys.readouterr().err
 
 
+def test_time_to_score_names_each_run_apart():
+    """Kept logs and weights are named after the flags; no two runs share a name."""
+    labels = time_to_score.config_labels(["--lr=1e-4", "--lr 1e-4", "", "--lr=1e-4", "", "a_2"])
+    assert labels == ["lr_1e_4", "lr_1e_4_2", "default", "lr_1e_4_3", "default_2", "a_2"]
+    assert time_to_score.config_labels(["a", "a", "a_2"]) == ["a", "a_2", "a_2_2"]
+
+
 def test_time_to_score_on_a_cluster_passes_its_address_and_refuses_bad_node_counts(capsys):
     flags = time_to_score.main_py_flags(["--lr", "0.001"], "PongNoFrameskip-v4", 1, 5, 1, "h:1")
     assert flags[flags.index("--ray-address") + 1] == "h:1" and flags[-2:] == ["--lr", "0.001"]

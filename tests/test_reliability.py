@@ -253,6 +253,12 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
     assert training["command"] == "python main.py --first" and training["restarts"] == 0
     assert training["commands"] == ["python main.py --first", "python main.py --first --load"]
     assert training_record(str(tmp_path), Path("Other.dat")) is None
+    # A --save-max run's shutdown save, <env>_last.dat, is its run's too.
+    last = training_record(str(tmp_path), Path("Game_last.dat"))
+    assert last is not None and last["frames"] == 300
+    assert last["record"] == str(tmp_path / "Game_run.json")
+    (tmp_path / "Game_last_run.json").write_text(json.dumps(first))  # its own record first
+    assert training_record(str(tmp_path), Path("Game_last.dat"))["frames"] == 100
     (tmp_path / "List_run.json").write_text("[1, 2]")
     assert training_record(str(tmp_path), Path("List.dat")) is None
 
