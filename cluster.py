@@ -222,6 +222,105 @@ class WeightSync:
         return pulled
 
 
+class StatisticsSync:
+    """One node's side of the exchange of its optimizer's statistics (``--exchange-statistics``).
+
+    A step of the shared optimizer moves each of its moving averages (Adam's moments,
+    RMSprop's average; `moving_averages`) as ``avg = decay * avg + new``, so on one machine
+    the steps of all workers, in whatever order, make one average of all their gradients. A
+    node whose workers took `k` steps since it took the cluster's averages `snapshot` holds
+    ``current = decay**k * snapshot + new``: it pushes `new` and ``decay**k``, and the server
+    applies them to the cluster's averages the same way (``avg = decay**k * avg + new``). The
+    cluster's averages are then those of one optimizer stepped by every node's workers, as
+    one machine's shared optimizer is (exactly so where no other node pushed in between).
+    Adding ``current - snapshot``, as the weights are added, would decay the cluster's
+    averages once per node: n nodes by n times the steps, and below zero past a few nodes.
+
+    The node then takes the cluster's averages without losing the steps its workers took
+    during the round trip (`k2` of them): ``avg = now + decay**k2 * (pulled - current)``. The
+    step count that Adam's bias correction uses is the cluster's too: the other nodes' steps
+    go in an extra slot of the optimizer (`workers`), as the agent steps do in the launcher's.
+    AMSGrad's running maximum stays each node's own, over the averages it holds.
+    """
+
+    def __init__(
+        self, optimizer: Any, workers: int, averages: np.ndarray | None, steps: int, before: int
+    ):
+        """Start from the cluster's averages (None: none pushed yet, this node's zeros).
+
+        Args:
+            optimizer: the node's shared optimizer, with a step-count slot past `workers`.
+            workers: the node's workers, one step-count slot each (the slots before the extra).
+            averages: the server's averages, or None before any node pushed.
+            steps: the run's optimizer steps so far, every node's (the extra slot's start).
+            before: this node's own steps before this launcher (a restart), pushed on top.
+        """
+        self.optimizer = optimizer
+        self.workers = workers
+        self.before = before
+        self.averages = optimizer.moving_averages()
+        sizes = [tensor.numel() for tensor, _, _ in self.averages]
+        self.bounds = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=True))
+        self.decays = np.array([decay for _, decay, _ in self.averages], dtype=np.float64)
+        if averages is not None:
+            self._write(averages, torch.Tensor.copy_, np.ones_like(self.decays))
+        self.snapshot = self.read()
+        self.read_at = self.own_steps()
+        optimizer.step_counts[workers] = steps
+
+    def own_steps(self) -> int:
+        """Optimizer steps this launcher's workers took."""
+        return int(self.optimizer.step_counts[: self.workers].sum())
+
+    def read(self) -> np.ndarray:
+        """The averages as one float32 vector (a copy)."""
+        return torch.cat([tensor.reshape(-1) for tensor, _, _ in self.averages]).numpy()
+
+    def _write(self, flat: np.ndarray, write: Callable, scales: np.ndarray) -> None:
+        with torch.no_grad():
+            for (tensor, _, second), (start, size), scale in zip(
+                self.averages, self.bounds, scales.tolist(), strict=True
+            ):
+                part = _tensor(flat[start : start + size]).view_as(tensor)
+                write(tensor, part * scale if scale != 1.0 else part)
+                if second:
+                    tensor.clamp_(min=0)  # a Hogwild race or a rounding: never below 0
+
+    def exchange(self, send: Callable[..., tuple[np.ndarray, int]]) -> np.ndarray:
+        """One push and pull: `send(new, decays, sizes, steps)` returns the averages and steps.
+
+        Returns:
+            The cluster's averages received (the new snapshot).
+        """
+        steps = self.own_steps()
+        current = self.read()
+        decays = self.decays ** (steps - self.read_at)
+        new = current.copy()
+        for (start, size), decay in zip(self.bounds, decays.tolist(), strict=True):
+            new[start : start + size] -= np.float32(decay) * self.snapshot[start : start + size]
+        sizes = np.array([size for _, size in self.bounds], dtype=np.int64)
+        pulled, total = send(new, decays, sizes, steps + self.before)
+        during = self.decays ** (self.own_steps() - steps)
+        self._write(pulled - current, torch.Tensor.add_, during)
+        self.snapshot = pulled
+        self.read_at = steps
+        self.optimizer.step_counts[self.workers] = total - steps
+        return pulled
+
+
+def merge_statistics(
+    averages: np.ndarray, new: np.ndarray, decays: np.ndarray, sizes: np.ndarray
+) -> None:
+    """``averages = decays * averages + new`` in place, one decay per run of `sizes` values."""
+    if new.shape != averages.shape or int(np.sum(sizes)) != averages.size:
+        raise ValueError(f"expected {averages.size} statistics, got {new.size}")
+    start = 0
+    for size, decay in zip(sizes.tolist(), decays.tolist(), strict=True):
+        averages[start : start + size] *= np.float32(decay)
+        start += size
+    add_into(averages, new)
+
+
 class ParameterServer:
     """The global weights, the sum of every node's pushes (run as a Ray actor on the head).
 
@@ -236,6 +335,9 @@ class ParameterServer:
         reports: workers' training summaries sent with the pushes, until the driver takes them.
         views: for each node exchanging in fp16, the weights it holds as the server's (its
             `WeightSync.snapshot`, to the bit): one float32 copy of the model per such node.
+        statistics: the cluster's optimizer statistics (``--exchange-statistics``;
+            `StatisticsSync`), None until a node pushes some.
+        node_optimizer_steps: each node's own optimizer steps, as last pushed with them.
     """
 
     def __init__(self, weights: np.ndarray, base_steps: int = 0, base_skipped: int = 0):
@@ -252,6 +354,8 @@ class ParameterServer:
         self.views: dict[str, np.ndarray] = {}
         self.generations: dict[str, int] = {}  # node -> how many launchers joined from it
         self.final_answers: dict[str, str] = {}  # node -> digest of its last exchange's answer
+        self.statistics: np.ndarray | None = None
+        self.node_optimizer_steps: dict[str, int] = {}
 
     def exchange(
         self,
@@ -314,6 +418,35 @@ class ParameterServer:
             self.final_answers[node] = weights_digest(answer)
         return answer, self.total_steps()
 
+    def exchange_statistics(
+        self,
+        node: str,
+        new: np.ndarray,
+        decays: np.ndarray,
+        sizes: np.ndarray,
+        steps: int,
+        generation: int = 0,
+    ) -> tuple[np.ndarray, int]:
+        """Merge a node's optimizer statistics into the cluster's (`StatisticsSync`).
+
+        Returns the cluster's statistics and the run's optimizer steps (every node's).
+
+        Args:
+            node: the node's id.
+            new: what its steps added to its averages since its snapshot (float32).
+            decays: how much those steps decayed each of its averages (one per tensor).
+            sizes: the values in each tensor, in `new`'s order.
+            steps: its own optimizer steps so far.
+            generation: what `join` gave this launcher (an older one's counts are not kept).
+        """
+        if self.statistics is None:
+            self.statistics = np.zeros_like(new, dtype=np.float32)
+        merge_statistics(self.statistics, new, decays, sizes)
+        if generation == self.generations.get(node, 0):
+            self.node_optimizer_steps[node] = steps
+        self.bytes_exchanged += new.nbytes + self.statistics.nbytes
+        return self.statistics, sum(self.node_optimizer_steps.values())
+
     def join(self, node: str) -> dict[str, Any]:
         """A node launcher starting: the weights, the run's steps, the node's own counts so far.
 
@@ -329,6 +462,9 @@ class ParameterServer:
             "node_steps": self.node_steps.get(node, 0),
             "node_skipped": self.node_skipped.get(node, 0),
             "generation": self.generations[node],
+            "statistics": self.statistics,
+            "optimizer_steps": sum(self.node_optimizer_steps.values()),
+            "node_optimizer_steps": self.node_optimizer_steps.get(node, 0),
         }
 
     def leave(self, node: str) -> None:
@@ -457,8 +593,9 @@ class NodeLauncher:
         model.share_memory()
         optimizer = None
         if config.shared_optimizer:
+            slots = config.workers + config.exchange_statistics  # + the other nodes' steps
             optimizer = make_optimizer(
-                model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
+                model.parameters(), config.optimizer, config.lr, config.amsgrad, slots
             )
             optimizer.share_memory()
         paths = RunPaths.of(
@@ -476,6 +613,12 @@ class NodeLauncher:
         self.before = (joined["node_steps"], joined["node_skipped"])
         self.generation = joined["generation"]
         self.sync = WeightSync(model, joined["weights"], config.exchange_precision)
+        self.statistics = None
+        if config.exchange_statistics:
+            self.statistics = StatisticsSync(
+                optimizer, config.workers, joined["statistics"], joined["optimizer_steps"],
+                joined["node_optimizer_steps"],
+            )  # fmt: skip
         self.pool.on_poll = self._poll
         self.next_sync = 0.0
         self.round_trip_ms: float | None = None
@@ -509,6 +652,13 @@ class NodeLauncher:
             return answer
 
         self.sync.exchange(send, last)
+        if self.statistics is not None and not last:  # the last: no step follows
+
+            def send_statistics(*pushed: Any) -> tuple[np.ndarray, int]:
+                call = self.server.exchange_statistics.remote(self.node, *pushed, self.generation)
+                return self.ray.get(call)
+
+            self.statistics.exchange(send_statistics)
         self.round_trip_ms = 1e3 * (time.monotonic() - started)
 
     def _take_reports(self) -> None:

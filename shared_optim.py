@@ -67,6 +67,10 @@ def set_lr(optimizer: optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+SECOND_MOMENTS = ("exp_avg_sq", "square_avg")
+"""State names of averages of squared gradients (never negative)."""
+
+
 class _SharedOptimizer(optim.Optimizer):
     """Base class: eager state creation, `share_memory`, and the step count kept in slots.
 
@@ -97,6 +101,30 @@ class _SharedOptimizer(optim.Optimizer):
     def steps_taken(self) -> int:
         """Updates applied by every process so far (a resumed optimizer's included)."""
         return int(self.step_counts.sum())
+
+    def _decays(self, group: dict) -> dict[str, float]:
+        raise NotImplementedError
+
+    def moving_averages(self) -> list[tuple[torch.Tensor, float, bool]]:
+        """The statistics a step moves as ``avg = decay * avg + new``, in a fixed order.
+
+        Adam's moments, RMSprop's averages (and momentum buffer): every state tensor but the
+        step count and AMSGrad's running maximum (a maximum: each process keeps its own over
+        the averages it sees). A cluster exchanges these between its nodes (`cluster.MomentSync`).
+
+        Returns:
+            (tensor, its decay per step, whether it is a second moment, never negative), for
+            each parameter in order, each tensor in name order.
+        """
+        averages = []
+        for group in self.param_groups:
+            decays = self._decays(group)
+            for param in group["params"]:
+                state = self.state[param]
+                for name in sorted(state):
+                    if name in decays:
+                        averages.append((state[name], decays[name], name in SECOND_MOMENTS))
+        return averages
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles only defaults, state and param_groups; a worker
@@ -237,6 +265,10 @@ class SharedRMSprop(_SharedOptimizer):
             state["grad_avg"] = torch.zeros_like(param)
         return state
 
+    def _decays(self, group: dict) -> dict[str, float]:
+        alpha = group["alpha"]
+        return {"square_avg": alpha, "grad_avg": alpha, "momentum_buffer": group["momentum"]}
+
     def _update(
         self,
         param: torch.Tensor,
@@ -305,6 +337,10 @@ class SharedAdam(_SharedOptimizer):
         if group["amsgrad"]:
             state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return state
+
+    def _decays(self, group: dict) -> dict[str, float]:
+        beta1, beta2 = group["betas"]
+        return {"exp_avg": beta1, "exp_avg_sq": beta2}
 
     def _update(
         self,

@@ -143,7 +143,9 @@ def run_config(
     ``<label>_...``.
 
     The result's ``stopped_itself`` says whether main.py ended before it was stopped (a crash
-    or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``.
+    or a ``--max-steps`` budget), with its exit code and last stderr line in ``last_line``;
+    ``interrupted`` whether Ctrl-C stopped it (what it had done is summarised and kept all
+    the same).
     """
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -169,7 +171,7 @@ def run_config(
         )
         reader.start()
         result: dict = {}
-        stopped_itself = False
+        stopped_itself = interrupted = False
         try:
             while proc.poll() is None and time.monotonic() - started < minutes * 60:
                 time.sleep(10)
@@ -177,6 +179,8 @@ def run_config(
                     result = summarise(log, targets, window)
                     if result["reached"]:
                         break
+        except KeyboardInterrupt:  # Ctrl-C: the run so far is still summarised and kept
+            interrupted = True
         finally:  # also on Ctrl-C: main.py runs in a process group of its own, which ^C missed
             stopped_itself = proc.poll() is not None
             if not stopped_itself:
@@ -197,6 +201,7 @@ def run_config(
                 "frames_per_s": steady_frames_per_s(stderr, warmup),
                 "exit_code": proc.returncode,
                 "stopped_itself": stopped_itself,
+                "interrupted": interrupted,
                 "last_line": (stderr.strip().splitlines() or [""])[-1],
             }
         )
@@ -247,7 +252,10 @@ def describe(row: dict, targets: list[float], window: int) -> str:
         )
     else:
         best = row.get("best_window_mean")
-        what = f"did not reach {score:g} in {row['wall_seconds'] / 60:.1f} min" + (
+        ended = "stopped by Ctrl-C after" if row.get("interrupted") else "did not reach"
+        if not row.get("interrupted"):
+            ended += f" {score:g} in"
+        what = f"{ended} {row['wall_seconds'] / 60:.1f} min" + (
             f" (best {window}-game mean {best:.2f})" if best is not None else ""
         )
         if row.get("stopped_itself"):
@@ -330,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=2))
             failed |= bool(row["stopped_itself"] and row["exit_code"])
+            if row["interrupted"]:
+                print(
+                    "time_to_score.py: stopped by Ctrl-C; the run so far is kept", file=sys.stderr
+                )
+                return 130
     return 1 if failed else 0
 
 

@@ -8,7 +8,10 @@ configurations before the bad one have run for many minutes, or with a figure th
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +20,7 @@ import torch
 
 import utils
 from environment import MaxAndSkipEnv
-from tests.conftest import ROOT
+from tests.conftest import ROOT, live_processes
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -158,6 +161,32 @@ def test_time_to_score_keeps_the_weights_of_a_run_it_was_asked_to(tmp_path):
     assert state and all(torch.isfinite(t).all() for t in state.values())
     record = json.loads((keep / "max_steps_400_CartPole-v1_run.json").read_text())
     assert record["env"] == "CartPole-v1"
+
+
+@pytest.mark.slow
+def test_time_to_score_stopped_by_ctrl_c_keeps_the_run_so_far(tmp_path):
+    """Ctrl-C on a long benchmark: main.py stops, and its log, weights and row are kept."""
+    keep = tmp_path / "kept"
+    out = tmp_path / "tts.json"
+    proc = subprocess.Popen(
+        [sys.executable, "benchmarks/time_to_score.py", "--env", "CartPole-v1", "--workers", "1",
+         "--minutes", "5", "--test-niceness", "0", "--keep-logs", str(keep), "--keep-weights",
+         str(keep), "--json", str(out), "--config", "--max-steps 100000000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(25)  # main.py started, and played some test games
+    proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C: main.py has a group of its own
+    stdout, stderr = proc.communicate(timeout=150)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "stopped by Ctrl-C; the run so far is kept" in stderr
+    assert "stopped by Ctrl-C after" in stdout
+    (row,) = json.loads(out.read_text())
+    assert row["interrupted"] is True and row["test_games"] > 0
+    label = "max_steps_100000000"
+    assert "episode reward" in (keep / f"{label}_log").read_text()
+    assert (keep / f"{label}_CartPole-v1.dat").stat().st_size > 0
+    run_folder = row["command"].split("--log-dir ")[1].split()[0]
+    assert not any(run_folder in cmd for _, _, cmd in live_processes().values())
 
 
 def test_bench_conv_layers_times_every_layer_and_the_floor(tmp_path, capsys):

@@ -25,6 +25,7 @@ from torch import nn
 from cluster import (
     ErrorFeedback,
     ParameterServer,
+    StatisticsSync,
     WeightSync,
     add_flat,
     flat_weights,
@@ -33,6 +34,7 @@ from cluster import (
     set_flat,
     weights_digest,
 )
+from shared_optim import SharedAdam, SharedRMSprop
 from tests.conftest import (
     PONG,
     PONG_FLAGS,
@@ -233,6 +235,101 @@ def test_a_replaced_launchers_late_exchange_counts_but_leaves_the_new_ones_state
     assert "a" not in server.views and server.pull()["steps"] == 3
 
 
+def optimizer_of(kind: str, model: nn.Module, slots: int) -> SharedAdam | SharedRMSprop:
+    if kind == "Adam":
+        return SharedAdam(model.parameters(), lr=1e-3, amsgrad=True, slots=slots)
+    # (A momentum buffer adds grad / avg, which depends on the node's statistics of the
+    # moment: exchanged too, but not to the bit of one optimizer's; main.py has no momentum.)
+    return SharedRMSprop(model.parameters(), lr=1e-3, centered=True, slots=slots)
+
+
+def gradient_step(optimizer: SharedAdam | SharedRMSprop, seed: int) -> None:
+    """One worker's optimizer step, with gradients that depend on `seed` alone."""
+    rng = np.random.default_rng(seed)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = torch.from_numpy(rng.normal(size=param.shape).astype(np.float32))
+    optimizer.step()
+
+
+def averages_of(optimizer: SharedAdam | SharedRMSprop) -> np.ndarray:
+    return torch.cat([t.reshape(-1) for t, _, _ in optimizer.moving_averages()]).numpy()
+
+
+@pytest.mark.parametrize("kind", ["Adam", "RMSprop"])
+def test_exchanged_statistics_are_one_optimizers_stepped_by_every_node(kind):
+    """Nodes that push in turn hold, after each pull, the statistics of one optimizer that took
+    all their steps in that order, also the steps taken during a round trip; and they count
+    the whole cluster's steps (Adam's bias correction)."""
+    server = ParameterServer(flat_weights(net(0)))
+    one = optimizer_of(kind, net(0), 1)  # one machine's shared optimizer: every step
+    nodes, syncs = [], []
+    for name in ("a", "b"):
+        joined = server.join(name)
+        nodes.append(optimizer_of(kind, net(0), 2))  # 1 worker + the other nodes' slot
+        syncs.append(
+            StatisticsSync(nodes[-1], 1, joined["statistics"], joined["optimizer_steps"], 0)
+        )
+
+    def exchange(index: int, during: list[int]) -> None:
+        def send(*pushed):
+            for seed in during:  # steps the node's workers take during the round trip
+                gradient_step(nodes[index], seed)
+            answer = server.exchange_statistics("ab"[index], *pushed)
+            for seed in during:  # ... come after the merge, in one optimizer's order too
+                gradient_step(one, seed)
+            return answer[0].copy(), answer[1]
+
+        syncs[index].exchange(send)
+
+    seed = 0
+    # A node's steps during a round trip go out with its next push: the same node pushes next.
+    for round_, index in enumerate([0, 1, 0, 0, 1, 1, 1, 0]):
+        for _ in range(1 + round_ % 3):  # 1-3 steps before each push
+            seed += 1
+            gradient_step(nodes[index], seed)
+            gradient_step(one, seed)
+        exchange(index, [100 + round_] if round_ in (2, 5) else [])
+        assert np.allclose(averages_of(nodes[index]), averages_of(one), rtol=1e-5, atol=1e-7)
+        assert nodes[index].steps_taken() == one.steps_taken()
+    assert np.allclose(server.statistics, averages_of(one), rtol=1e-5, atol=1e-7)
+    # A node that joins later starts from the cluster's statistics and its step count.
+    joined = server.join("c")
+    late = optimizer_of(kind, net(0), 2)
+    StatisticsSync(late, 1, joined["statistics"], joined["optimizer_steps"], 0)
+    assert np.array_equal(averages_of(late), server.statistics)
+    assert late.steps_taken() == one.steps_taken()
+
+
+def test_many_nodes_pushing_from_one_snapshot_make_one_optimizers_statistics():
+    """64 nodes take 3 steps each from the same statistics and push in turn: the cluster's
+    statistics are one optimizer's that took those 192 steps. Adding each node's change, as
+    the weights are added, would decay them 64 times over: second moments below 0."""
+    server = ParameterServer(flat_weights(net(0)))
+    one = optimizer_of("RMSprop", net(0), 1)
+    gradient_step(one, 0)
+    for param in one.param_groups[0]["params"]:  # large gradients first: big averages
+        param.grad.mul_(10)
+    for _ in range(20):
+        one.step()
+    start = averages_of(one).copy()
+    server.statistics = start.copy()
+    changes = []
+    for index in range(64):
+        node = optimizer_of("RMSprop", net(0), 2)
+        sync = StatisticsSync(node, 1, start, 0, 0)
+        for step in range(3):
+            gradient_step(node, 1000 * index + step)
+            gradient_step(one, 1000 * index + step)
+        changes.append(averages_of(node) - start)
+        sync.exchange(lambda *pushed, n=index: server.exchange_statistics(f"n{n}", *pushed))
+    assert np.allclose(server.statistics, averages_of(one), rtol=1e-4, atol=1e-6)
+    second = np.concatenate([np.full(t.numel(), sq) for t, _, sq in one.moving_averages()])
+    assert (server.statistics[second.astype(bool)] > 0).all()
+    naive = start + np.sum(changes, axis=0)
+    assert (naive[second.astype(bool)] < 0).any()
+
+
 @pytest.mark.parametrize(("workers", "sizes"), [(1, (5, 20)), (2, (5, 10, 20)), (3, (5, 20))])
 def test_nodes_deal_seeds_and_step_sizes_as_one_big_pool_would(workers, sizes):
     """Node i's worker r is worker i*W + r of one pool: its n-step and its envs' seeds."""
@@ -281,6 +378,12 @@ def test_a_node_replacing_a_lost_one_takes_its_step_sizes_and_new_seeds():
         (["--ray-address", "host:70000"], "--ray-address 'host:70000' is not an address"),
         (["--ray-address", "::1:6379"], "--ray-address '::1:6379' is not an address"),
         (["--exchange-precision", "fp16"], "--exchange-precision fp16 needs --ray-address"),
+        (["--exchange-statistics"], "--exchange-statistics needs --ray-address"),
+        (
+            ["--ray-address", "local", "--exchange-statistics", "--no-shared-optimizer"],
+            "--exchange-statistics exchanges the shared optimizer's statistics; drop "
+            "--no-shared-optimizer",
+        ),
         (
             ["--ray-address", "local", "--exchange-precision", "bf16"],
             "argument --exchange-precision: invalid choice: 'bf16'",
@@ -428,21 +531,28 @@ def test_without_the_clusters_token_main_says_what_to_set(ray_cluster, tmp_path,
 @pytest.mark.slow
 def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path):
     flags = [*CLUSTER_FLAGS, "--ray-address", ray_cluster.address, *folders(tmp_path)]
-    result = run_cli("main.py", *flags, "--max-steps", "800", timeout=240)
+    result = run_cli(
+        "main.py", *flags, "--max-steps", "800", "--exchange-statistics", timeout=240
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cluster: 2 nodes x 1 workers" in result.stderr
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["config"]["exchange_statistics"] is True
     cluster = record["cluster"]
     ids = [node["id"] for node in cluster["nodes"]]
     assert len(ids) == 2 and set(cluster["pushes_per_node"]) == set(ids)
     assert all(count >= 2 for count in cluster["pushes_per_node"].values())
-    assert cluster["bytes_exchanged"] > 0 and cluster["round_trip_ms"] > 0
+    assert cluster["round_trip_ms"] > 0
+    weights = flat_weights(load_pong_dat(tmp_path / "models" / f"{PONG}.dat")).size
+    # Weights float32 both ways (4 + 4 bytes a weight), and but for the last exchange Adam's
+    # two moments both ways (2 x (4 + 4)).
+    pushes = sum(cluster["pushes_per_node"].values())
+    assert cluster["bytes_exchanged"] == weights * (8 * pushes + 16 * (pushes - len(ids)))
     # After the last exchange every node holds exactly what the server sent it (both digests).
     assert all(cluster["finished"][i]["matches_server"] is True for i in ids)
     # The nodes ran the copy of the code Ray shipped to them, not this checkout.
     assert all(Path(cluster["finished"][i]["code"]) != ROOT.resolve() for i in ids)
     assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
-    weights = flat_weights(load_pong_dat(tmp_path / "models" / f"{PONG}.dat")).size
 
     evaluated = run_cli(
         "gym_eval.py", "--env", PONG, "--num-episodes", "1", "--hidden-size", "32",
