@@ -13,6 +13,10 @@ node, for each ``--precisions`` in turn (fp32, fp16: one run, so compare their r
 - the two raylets' CPU time per exchange (their object managers move the bytes between the
   nodes; on a real cluster the head's raylet does its half of this).
 
+With ``--statistics`` each exchange also exchanges Adam's two moments, as a run with
+``--exchange-statistics`` does (`cluster.StatisticsSync`: the weights' call, then the
+statistics' call).
+
 Prints and writes JSON; nothing is asserted.
 
     python benchmarks/bench_exchange.py --exchanges 50 --pushers 4 --json out.json
@@ -36,8 +40,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 import gymnasium as gym  # noqa: E402
 
-from cluster import ParameterServer, WeightSync, flat_weights  # noqa: E402
+from cluster import ParameterServer, StatisticsSync, WeightSync, flat_weights  # noqa: E402
 from model import A3Clstm  # noqa: E402
+from shared_optim import SharedAdam  # noqa: E402
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
@@ -50,15 +55,22 @@ class MeasuredServer(ParameterServer):
         return time.process_time()
 
 
-def time_node_exchanges(server, hidden: int, exchanges: int, precision: str) -> dict[str, float]:
-    """On the calling node: the mean ms of a full exchange and of the server call alone."""
+def time_node_exchanges(
+    server, hidden: int, exchanges: int, precision: str, statistics: bool
+) -> dict[str, float]:
+    """On the calling node: the mean ms of a full exchange and of the server calls alone."""
     import ray
 
     model = A3Clstm(1, gym.spaces.Discrete(6), hidden)
     model.share_memory()
     sync = WeightSync(model, flat_weights(model), precision)
+    moments = None
+    if statistics:
+        optimizer = SharedAdam(model.parameters(), amsgrad=True, slots=2)
+        optimizer.share_memory()
+        moments = StatisticsSync(optimizer, 1, None, 0, 0)
     calls: list[float] = []
-    name = f"node-{precision}"
+    name = f"node-{precision}-{statistics}"
 
     def send(change: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
@@ -66,36 +78,50 @@ def time_node_exchanges(server, hidden: int, exchanges: int, precision: str) -> 
         calls.append(time.perf_counter() - started)
         return answer
 
-    sync.exchange(send)  # warm-up (and, for fp16, the first answer: the weights themselves)
+    def send_statistics(*pushed: Any) -> tuple[np.ndarray, int]:
+        started = time.perf_counter()
+        answer = ray.get(server.exchange_statistics.remote(name, *pushed))
+        calls[-1] += time.perf_counter() - started
+        return answer
+
+    def exchange() -> None:
+        sync.exchange(send)
+        if moments is not None:
+            moments.exchange(send_statistics)
+
+    exchange()  # warm-up (and, for fp16, the first answer: the weights themselves)
     calls.clear()
     started = time.perf_counter()
     for _ in range(exchanges):
-        sync.exchange(send)
+        exchange()
     total = time.perf_counter() - started
     return {
         "exchange_ms": 1e3 * total / exchanges,
         "server_call_ms": 1e3 * float(np.mean(calls)),
         "weights": int(sync.snapshot.size),
+        "statistics": int(moments.snapshot.size) if moments is not None else 0,
     }
 
 
 def measure(
-    ray, server, timer, push, pushers: int, hidden: int, exchanges: int, precision: str
-) -> dict:
+    ray, server, timer, push, pushers: int, hidden: int, exchanges: int, precision: str,
+    statistics: bool,
+) -> dict:  # fmt: skip
     """One precision's figures: node exchange, server at capacity, server CPU per exchange."""
-    node = ray.get(timer.remote(server, hidden, exchanges, precision))
+    node = ray.get(timer.remote(server, hidden, exchanges, precision, statistics))
     change = np.zeros(node["weights"], dtype=DTYPES[precision])
+    moments = np.zeros(node["statistics"], dtype=np.float32)
     names = [f"p{i}-{precision}" for i in range(pushers)]
     ray.get([server.exchange.remote(name, change, 0, 0) for name in names])  # first answers
     cpu_before = ray.get(server.cpu_seconds.remote())
     raylets_before = _raylets_cpu_seconds()
     started = time.perf_counter()
-    counts = ray.get([push.remote(server, change, exchanges, name) for name in names])
+    counts = ray.get([push.remote(server, change, moments, exchanges, name) for name in names])
     elapsed = time.perf_counter() - started
     cpu = ray.get(server.cpu_seconds.remote()) - cpu_before
     raylets = _raylets_cpu_seconds() - raylets_before
     done = sum(counts)
-    bytes_one_way = change.nbytes
+    bytes_one_way = change.nbytes + moments.nbytes
     return {
         "bytes_per_exchange": 2 * bytes_one_way,
         "exchange_ms": round(node["exchange_ms"], 2),
@@ -105,6 +131,11 @@ def measure(
         "server_exchanges_per_s_per_core": round(done / cpu, 1),
         "raylets_cpu_ms_per_exchange": round(1e3 * raylets / done, 2),
     }
+
+
+def label(precision: str, statistics: bool) -> str:
+    """A figure's name: the weights' precision, and whether the statistics went too."""
+    return precision + ("+statistics" if statistics else "")
 
 
 def start_one_machine_cluster(nodes: int) -> Any:
@@ -134,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exchanges", type=int, default=50)
     parser.add_argument("--pushers", type=int, default=4, help="concurrent pushers at capacity")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"], choices=DTYPES)
+    parser.add_argument(
+        "--statistics", action="store_true",
+        help="exchange Adam's moments too, as --exchange-statistics does",
+    )  # fmt: skip
     parser.add_argument("--json", type=str, default="")
     args = parser.parse_args(argv)
 
@@ -153,10 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         ).remote(weights)
         timer = ray.remote(time_node_exchanges).options(num_cpus=0, scheduling_strategy=on_other)
         push = ray.remote(_push_many).options(num_cpus=0, scheduling_strategy=on_other)
+        common = (ray, server, timer, push, args.pushers, args.hidden_size, args.exchanges)
         figures = {
-            precision: measure(
-                ray, server, timer, push, args.pushers, args.hidden_size, args.exchanges, precision
-            )
+            label(precision, args.statistics): measure(*common, precision, args.statistics)
             for precision in args.precisions
         }
         result = {
@@ -178,11 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _push_many(server, change: np.ndarray, count: int, name: str) -> int:
+def _push_many(server, change: np.ndarray, moments: np.ndarray, count: int, name: str) -> int:
     import ray
 
+    decays, sizes = np.ones(1), np.array([moments.size])
     for _ in range(count):
         ray.get(server.exchange.remote(name, change, 0, 0))
+        if moments.size:
+            ray.get(server.exchange_statistics.remote(name, moments, decays, sizes, 0))
     return count
 
 
