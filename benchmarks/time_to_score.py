@@ -179,7 +179,7 @@ def run_config(
                     result = summarise(log, targets, window)
                     if result["reached"]:
                         break
-        except KeyboardInterrupt:  # Ctrl-C: the run so far is still summarised and kept
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the run so far is summarised and kept
             interrupted = True
         finally:  # also on Ctrl-C: main.py runs in a process group of its own, which ^C missed
             stopped_itself = proc.poll() is not None
@@ -213,6 +213,25 @@ def run_config(
             for saved in [*sorted(Path(tmp).glob("*.dat")), *Path(tmp).glob("*_run.json")]:
                 shutil.copyfile(saved, keep_weights / f"{label}_{saved.name}")
     return result
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the benchmark the same way, keeping the run so far.
+
+    Set here rather than left to Python's default: a process started in the background by a
+    shell without job control (a CI script, ``nohup ... &``) begins with SIGINT ignored.
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def config_labels(configs: list[str]) -> list[str]:
@@ -252,7 +271,7 @@ def describe(row: dict, targets: list[float], window: int) -> str:
         )
     else:
         best = row.get("best_window_mean")
-        ended = "stopped by Ctrl-C after" if row.get("interrupted") else "did not reach"
+        ended = "stopped after" if row.get("interrupted") else "did not reach"
         if not row.get("interrupted"):
             ended += f" {score:g} in"
         what = f"{ended} {row['wall_seconds'] / 60:.1f} min" + (
@@ -325,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     results = []
     failed = False
-    with one_machine_cluster(args.ray_nodes) as address:
+    with stop_signals(), one_machine_cluster(args.ray_nodes) as address:
         for config, label in zip(configs, config_labels(configs), strict=True):
             row = run_config(
                 shlex.split(config), args.env, args.workers, args.minutes, args.targets,
@@ -339,9 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.json.write_text(json.dumps(results, indent=2))
             failed |= bool(row["stopped_itself"] and row["exit_code"])
             if row["interrupted"]:
-                print(
-                    "time_to_score.py: stopped by Ctrl-C; the run so far is kept", file=sys.stderr
-                )
+                print("time_to_score.py: stopped; the run so far is kept", file=sys.stderr)
                 return 130
     return 1 if failed else 0
 

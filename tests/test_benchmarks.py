@@ -164,22 +164,26 @@ def test_time_to_score_keeps_the_weights_of_a_run_it_was_asked_to(tmp_path):
 
 
 @pytest.mark.slow
-def test_time_to_score_stopped_by_ctrl_c_keeps_the_run_so_far(tmp_path):
-    """Ctrl-C on a long benchmark: main.py stops, and its log, weights and row are kept."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_time_to_score_stopped_keeps_the_run_so_far(tmp_path, signum):
+    """Ctrl-C or SIGTERM on a long benchmark: main.py stops; its log, weights and row are
+    kept. Started as a CI script starts a job in the background: with SIGINT ignored."""
     keep = tmp_path / "kept"
     out = tmp_path / "tts.json"
     proc = subprocess.Popen(
         [sys.executable, "benchmarks/time_to_score.py", "--env", "CartPole-v1", "--workers", "1",
-         "--minutes", "5", "--test-niceness", "0", "--keep-logs", str(keep), "--keep-weights",
+         "--minutes", "5", "--target", "1e9", "--test-niceness", "0", "--keep-logs", str(keep),
+         "--keep-weights",
          str(keep), "--json", str(out), "--config", "--max-steps 100000000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
     time.sleep(25)  # main.py started, and played some test games
-    proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C: main.py has a group of its own
+    proc.send_signal(signum)  # as a terminal's Ctrl-C: main.py has a group of its own
     stdout, stderr = proc.communicate(timeout=150)
     assert proc.returncode == 130, stderr[-2000:]
-    assert "stopped by Ctrl-C; the run so far is kept" in stderr
-    assert "stopped by Ctrl-C after" in stdout
+    assert "time_to_score.py: stopped; the run so far is kept" in stderr
+    assert "stopped after" in stdout
     (row,) = json.loads(out.read_text())
     assert row["interrupted"] is True and row["test_games"] > 0
     label = "max_steps_100000000"
