@@ -110,7 +110,7 @@ class _SharedOptimizer(optim.Optimizer):
 
         Adam's moments, RMSprop's averages (and momentum buffer): every state tensor but the
         step count and AMSGrad's running maximum (a maximum: each process keeps its own over
-        the averages it sees). A cluster exchanges these between its nodes (`cluster.MomentSync`).
+        the averages it sees). A cluster exchanges these (`cluster.StatisticsSync`).
 
         Returns:
             (tensor, its decay per step, whether it is a second moment, never negative), for
