@@ -259,8 +259,9 @@ class StatisticsSync:
         self.workers = workers
         self.before = before
         self.averages = optimizer.moving_averages()
-        sizes = [tensor.numel() for tensor, _, _ in self.averages]
-        self.bounds = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=True))
+        self.sizes = np.array([tensor.numel() for tensor, _, _ in self.averages], dtype=np.int64)
+        starts = np.cumsum([0, *self.sizes[:-1]]).tolist()
+        self.bounds = list(zip(starts, self.sizes.tolist(), strict=True))
         self.decays = np.array([decay for _, decay, _ in self.averages], dtype=np.float64)
         if averages is not None:
             self._write(averages, torch.Tensor.copy_, np.ones_like(self.decays))
@@ -295,11 +296,9 @@ class StatisticsSync:
         steps = self.own_steps()
         current = self.read()
         decays = self.decays ** (steps - self.read_at)
-        new = current.copy()
-        for (start, size), decay in zip(self.bounds, decays.tolist(), strict=True):
-            new[start : start + size] -= np.float32(decay) * self.snapshot[start : start + size]
-        sizes = np.array([size for _, size in self.bounds], dtype=np.int64)
-        pulled, total = send(new, decays, sizes, steps + self.before)
+        decayed = self.snapshot.copy()
+        decay_runs(decayed, decays, self.sizes)
+        pulled, total = send(current - decayed, decays, self.sizes, steps + self.before)
         during = self.decays ** (self.own_steps() - steps)
         self._write(pulled - current, torch.Tensor.add_, during)
         self.snapshot = pulled
@@ -308,16 +307,21 @@ class StatisticsSync:
         return pulled
 
 
+def decay_runs(values: np.ndarray, decays: np.ndarray, sizes: np.ndarray) -> None:
+    """``values *= decays`` in place, one decay per run of `sizes` values (one per tensor)."""
+    start = 0
+    for size, decay in zip(sizes.tolist(), decays.tolist(), strict=True):
+        values[start : start + size] *= np.float32(decay)
+        start += size
+
+
 def merge_statistics(
     averages: np.ndarray, new: np.ndarray, decays: np.ndarray, sizes: np.ndarray
 ) -> None:
     """``averages = decays * averages + new`` in place, one decay per run of `sizes` values."""
     if new.shape != averages.shape or int(np.sum(sizes)) != averages.size:
         raise ValueError(f"expected {averages.size} statistics, got {new.size}")
-    start = 0
-    for size, decay in zip(sizes.tolist(), decays.tolist(), strict=True):
-        averages[start : start + size] *= np.float32(decay)
-        start += size
+    decay_runs(averages, decays, sizes)
     add_into(averages, new)
 
 
