@@ -337,6 +337,10 @@ class TrainingState:
 # ----------------------------------------------------------------------------------------------
 
 
+# What a ``--save-max`` run's shutdown save adds to the env's file stem: ``<env>_last.dat``.
+LAST_SAVE_SUFFIX = "_last"
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Every file a run reads or writes, computed once from the flags.
@@ -376,7 +380,9 @@ class RunPaths:
             curve=checkpoint_path(log_dir, env_id, "_curve.png"),
             runs=Path(log_dir) / "runs",
             model=model,
-            final_model=checkpoint_path(save_model_dir, env_id, "_last.dat") if save_max else model,
+            final_model=checkpoint_path(save_model_dir, env_id, f"{LAST_SAVE_SUFFIX}.dat")
+            if save_max
+            else model,
             state=checkpoint_path(save_model_dir, env_id, "_state.pt"),
             load_model=checkpoint_path(load_model_dir, env_id),
             load_state=checkpoint_path(load_model_dir, env_id, "_state.pt"),

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from checkpoint import checkpoint_path, env_file_stem, load_weights
+from checkpoint import LAST_SAVE_SUFFIX, checkpoint_path, env_file_stem, load_weights
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
@@ -146,8 +146,8 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     ``--load``, some with other flags: a new lr, another precision on another machine).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
-    if not path.exists() and model_path.stem.endswith("_last"):
-        path = Path(log_dir) / f"{model_path.stem.removesuffix('_last')}_run.json"
+    if not path.exists() and model_path.stem.endswith(LAST_SAVE_SUFFIX):
+        path = Path(log_dir) / f"{model_path.stem.removesuffix(LAST_SAVE_SUFFIX)}_run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
