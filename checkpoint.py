@@ -374,15 +374,14 @@ class RunPaths:
     ) -> RunPaths:
         """The paths of a run of `env_id` (ids with a ``/`` become safe file names)."""
         model = checkpoint_path(save_model_dir, env_id)
+        last = checkpoint_path(save_model_dir, env_id, f"{LAST_SAVE_SUFFIX}.dat")
         return cls(
             log=checkpoint_path(log_dir, env_id, "_log"),
             record=checkpoint_path(log_dir, env_id, "_run.json"),
             curve=checkpoint_path(log_dir, env_id, "_curve.png"),
             runs=Path(log_dir) / "runs",
             model=model,
-            final_model=checkpoint_path(save_model_dir, env_id, f"{LAST_SAVE_SUFFIX}.dat")
-            if save_max
-            else model,
+            final_model=last if save_max else model,
             state=checkpoint_path(save_model_dir, env_id, "_state.pt"),
             load_model=checkpoint_path(load_model_dir, env_id),
             load_state=checkpoint_path(load_model_dir, env_id, "_state.pt"),

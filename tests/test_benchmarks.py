@@ -173,13 +173,12 @@ def test_time_to_score_stopped_keeps_the_run_so_far(tmp_path, signum):
     proc = subprocess.Popen(
         [sys.executable, "benchmarks/time_to_score.py", "--env", "CartPole-v1", "--workers", "1",
          "--minutes", "5", "--target", "1e9", "--test-niceness", "0", "--keep-logs", str(keep),
-         "--keep-weights",
-         str(keep), "--json", str(out), "--config", "--max-steps 100000000"],
+         "--keep-weights", str(keep), "--json", str(out), "--config", "--max-steps 100000000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
     time.sleep(25)  # main.py started, and played some test games
-    proc.send_signal(signum)  # as a terminal's Ctrl-C: main.py has a group of its own
+    proc.send_signal(signum)  # to the benchmark alone: main.py has a group of its own
     stdout, stderr = proc.communicate(timeout=150)
     assert proc.returncode == 130, stderr[-2000:]
     assert "time_to_score.py: stopped; the run so far is kept" in stderr
