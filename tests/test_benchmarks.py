@@ -20,12 +20,14 @@ import torch
 
 import utils
 from environment import MaxAndSkipEnv
+from model import build_model
 from tests.conftest import ROOT, live_processes
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_step  # noqa: E402
 import bench_training  # noqa: E402
+import points_lost  # noqa: E402
 import pong_observation  # noqa: E402
 import time_to_score  # noqa: E402
 
@@ -255,3 +257,24 @@ def test_pong_observation_shows_the_last_raw_frame_and_refuses_ids_without_a_max
     assert obs.max() == 0 and reward == 4.0  # raw frame 8, dark; every frame's reward summed
     assert pong_observation.main(["--env", "ALE/Pong-v5"]) == 2
     assert "ALE/Pong-v5 has no max over a skip window" in capsys.readouterr().err
+
+
+def test_points_lost_counts_the_steps_from_the_previous_point():
+    assert points_lost.rallies([0, 0, 1, 0, -1, -1, 0]) == [(1, 3), (-1, 2), (-1, 1)]
+    assert points_lost.rallies([0, 0]) == []
+
+
+def test_points_lost_plays_real_games_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    env = gym.make("CartPole-v1")
+    model = build_model(env.observation_space, env.action_space, 16)
+    torch.save(model.state_dict(), tmp_path / "cart.dat")
+    out = tmp_path / "rallies.json"
+    flags = ["--env", "CartPole-v1", "--hidden-size", "16", "--num-episodes", "2"]
+    assert points_lost.main([*flags, "--model", str(tmp_path / "cart.dat"), "--out", str(out)]) == 0
+    games = json.loads(out.read_text())["games"]
+    assert len(games) == 2 and all(steps == 1 for g in games for _, steps in g)  # +1 a step
+    assert "2 games, mean" in capsys.readouterr().out
+    assert points_lost.main([*flags, "--model", str(tmp_path / "missing.dat")]) == 2
+    assert points_lost.main([*flags, "--repeat-action-probability", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
