@@ -63,6 +63,12 @@ RESTART_SECONDS = 20.0
 """How long after a loss a launcher is restarted on the same node: Ray lists a machine that
 died as alive until its health check gives up on it (about 15 s by default)."""
 
+BUSY_FRACTION = 0.5
+"""Exchanges taking this share of ``--sync-interval`` or more, end to end, get a warning."""
+
+BUSY_WARNING_SECONDS = 300.0
+"""The least time between two such warnings."""
+
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -336,6 +342,8 @@ class ParameterServer:
         pushes: each node's number of exchanges.
         bytes_exchanged: bytes pushed and pulled, all nodes together.
         round_trips: each node's (exchanges timed, their total milliseconds).
+        recent_round_trips: all nodes' (exchanges timed, total milliseconds) since the
+            driver's last `pull`.
         reports: workers' training summaries sent with the pushes, until the driver takes them.
         views: for each node exchanging in fp16, the weights it holds as the server's (its
             `WeightSync.snapshot`, to the bit): one float32 copy of the model per such node.
@@ -354,6 +362,7 @@ class ParameterServer:
         self.pushes: dict[str, int] = {}
         self.bytes_exchanged = 0
         self.round_trips: dict[str, tuple[int, float]] = {}
+        self.recent_round_trips = (0, 0.0)
         self.reports: list[dict[str, Any]] = []
         self.views: dict[str, np.ndarray] = {}
         self.generations: dict[str, int] = {}  # node -> how many launchers joined from it
@@ -416,6 +425,8 @@ class ParameterServer:
         if last_round_trip_ms is not None:
             count, total = self.round_trips.get(node, (0, 0.0))
             self.round_trips[node] = (count + 1, total + last_round_trip_ms)
+            count, total = self.recent_round_trips
+            self.recent_round_trips = (count + 1, total + last_round_trip_ms)
         if reports:
             self.reports.extend(reports)
         if last:
@@ -480,13 +491,20 @@ class ParameterServer:
         return self.base_steps + sum(self.node_steps.values())
 
     def pull(self) -> dict[str, Any]:
-        """What the driver needs: weights, counts, and the training summaries since last time."""
+        """What the driver needs: weights, counts, and what came since its last pull.
+
+        That is the training summaries and the nodes' mean round trip in ms (None if no
+        exchange was timed).
+        """
         reports, self.reports = self.reports, []
+        count, total = self.recent_round_trips
+        self.recent_round_trips = (0, 0.0)
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
             "skipped": self.base_skipped + sum(self.node_skipped.values()),
             "reports": reports,
+            "round_trip_ms": total / count if count else None,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -499,6 +517,27 @@ class ParameterServer:
             "round_trip_ms": round(total / count, 2) if count else None,
             "final_answers": dict(self.final_answers),
         }
+
+
+def busy_warning(round_trip_ms: float | None, sync_interval: float) -> str | None:
+    """The warning for exchanges that take `BUSY_FRACTION` of the interval or more, else None.
+
+    A node waits ``--sync-interval`` from the end of one exchange to the start of the next,
+    so a round trip that long means the server (or the network) is near its limit: the
+    nodes queue for it, and the weights they train on lag by the queue too.
+
+    Args:
+        round_trip_ms: the nodes' mean exchange time, end to end, over the last while.
+        sync_interval: ``--sync-interval`` in seconds.
+    """
+    if round_trip_ms is None or round_trip_ms < BUSY_FRACTION * 1e3 * sync_interval:
+        return None
+    return (
+        f"exchanges took {round_trip_ms:.0f} ms on average against --sync-interval "
+        f"{sync_interval:g} s: the parameter server or the network is near its limit and the "
+        f"nodes wait for it; raise --sync-interval (e.g. {2 * sync_interval:g}) or add "
+        "--exchange-precision fp16"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -881,6 +920,7 @@ class ClusterRun:
         for node in nodes:
             self._start(node)
         self.next_pull = 0.0
+        self.next_busy_warning = 0.0
         self.next_adopt = time.monotonic() + ADOPT_SECONDS
         # The driver's step count is the cluster's: written here only, in its one slot.
         self.base_steps = ctx.base_steps
@@ -945,6 +985,10 @@ class ClusterRun:
         ctx.skipped[0] = pulled["skipped"] - self.base_skipped
         for payload in pulled["reports"]:
             self.launcher.monitor.take("train", payload)
+        warning = busy_warning(pulled["round_trip_ms"], self.config.sync_interval)
+        if warning and time.monotonic() >= self.next_busy_warning:
+            self.log.warning(warning)
+            self.next_busy_warning = time.monotonic() + BUSY_WARNING_SECONDS
 
     def poll(self) -> None:
         """Every supervision round: nodes that ended or died, new launchers, weights.

@@ -28,6 +28,7 @@ from cluster import (
     StatisticsSync,
     WeightSync,
     add_flat,
+    busy_warning,
     flat_weights,
     node_config,
     pick_place,
@@ -119,6 +120,26 @@ def test_the_server_adds_every_nodes_push_once():
     assert server.stats()["pushes_per_node"] == {"node0": 3, "node1": 3, "any": 2}
     with pytest.raises(ValueError, match="expected 26 weights"):
         server.exchange("node0", np.zeros(5, np.float32), 0, 0)
+
+
+def test_the_driver_hears_the_round_trips_since_its_last_pull_and_warns_when_they_are_long():
+    start = flat_weights(net(0))
+    server = ParameterServer(start)
+    change = np.zeros_like(start)
+    server.exchange("a", change, 1, 0)  # a node's first exchange has no round trip to report
+    assert server.pull()["round_trip_ms"] is None
+    server.exchange("a", change, 2, 0, last_round_trip_ms=100.0)
+    server.exchange("b", change, 2, 0, last_round_trip_ms=300.0)
+    assert server.pull()["round_trip_ms"] == 200.0
+    assert server.pull()["round_trip_ms"] is None  # since the last pull only
+    server.exchange("a", change, 3, 0, last_round_trip_ms=50.0)
+    assert server.pull()["round_trip_ms"] == 50.0
+    assert server.stats()["round_trip_ms"] == 150.0  # the run record's: the whole run
+    assert busy_warning(None, 3.0) is None
+    assert busy_warning(1499.0, 3.0) is None
+    warning = busy_warning(1500.0, 3.0)
+    assert warning is not None and "\n" not in warning
+    assert "1500 ms" in warning and "--sync-interval 3 s" in warning and "(e.g. 6)" in warning
 
 
 def test_error_feedback_delivers_what_fp16_alone_would_round_away():
