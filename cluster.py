@@ -63,11 +63,14 @@ RESTART_SECONDS = 20.0
 """How long after a loss a launcher is restarted on the same node: Ray lists a machine that
 died as alive until its health check gives up on it (about 15 s by default)."""
 
-BUSY_FRACTION = 0.5
-"""Exchanges taking this share of ``--sync-interval`` or more, end to end, get a warning."""
+BUSY_LOAD = 1.0
+"""The exchange load (`exchange_load`) at which the driver warns: the exchanges overlap."""
+
+BUSY_WINDOW_SECONDS = 60.0
+"""The driver judges the exchange load over windows this long."""
 
 BUSY_WARNING_SECONDS = 300.0
-"""The least time between two such warnings."""
+"""The least time between two warnings of a high exchange load."""
 
 FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -343,7 +346,8 @@ class ParameterServer:
         bytes_exchanged: bytes pushed and pulled, all nodes together.
         round_trips: each node's (exchanges timed, their total milliseconds).
         recent_round_trips: all nodes' (exchanges timed, total milliseconds) since the
-            driver's last `pull`.
+            driver's last `pull`, each node's first timed exchange left out (its workers
+            were starting).
         reports: workers' training summaries sent with the pushes, until the driver takes them.
         views: for each node exchanging in fp16, the weights it holds as the server's (its
             `WeightSync.snapshot`, to the bit): one float32 copy of the model per such node.
@@ -425,8 +429,9 @@ class ParameterServer:
         if last_round_trip_ms is not None:
             count, total = self.round_trips.get(node, (0, 0.0))
             self.round_trips[node] = (count + 1, total + last_round_trip_ms)
-            count, total = self.recent_round_trips
-            self.recent_round_trips = (count + 1, total + last_round_trip_ms)
+            if count:
+                count, total = self.recent_round_trips
+                self.recent_round_trips = (count + 1, total + last_round_trip_ms)
         if reports:
             self.reports.extend(reports)
         if last:
@@ -493,18 +498,16 @@ class ParameterServer:
     def pull(self) -> dict[str, Any]:
         """What the driver needs: weights, counts, and what came since its last pull.
 
-        That is the training summaries and the nodes' mean round trip in ms (None if no
-        exchange was timed).
+        That is the training summaries and the nodes' round trips (`recent_round_trips`).
         """
         reports, self.reports = self.reports, []
-        count, total = self.recent_round_trips
-        self.recent_round_trips = (0, 0.0)
+        round_trips, self.recent_round_trips = self.recent_round_trips, (0, 0.0)
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
             "skipped": self.base_skipped + sum(self.node_skipped.values()),
             "reports": reports,
-            "round_trip_ms": total / count if count else None,
+            "round_trips": round_trips,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -519,24 +522,49 @@ class ParameterServer:
         }
 
 
-def busy_warning(round_trip_ms: float | None, sync_interval: float) -> str | None:
-    """The warning for exchanges that take `BUSY_FRACTION` of the interval or more, else None.
+def exchange_load(nodes: int, round_trip_ms: float, sync_interval: float) -> float:
+    """The share of time the exchanges would keep the server busy if it did all their work.
 
-    A node waits ``--sync-interval`` from the end of one exchange to the start of the next,
-    so a round trip that long means the server (or the network) is near its limit: the
-    nodes queue for it, and the weights they train on lag by the queue too.
+    A node exchanges once every ``--sync-interval`` plus a round trip (it waits the interval
+    from the end of one exchange to the start of the next), so `nodes` nodes spend
+    ``nodes * rt / (interval + rt)`` of the time in exchanges. The round trip, timed by the
+    node, includes the transfers and the node's own part, so this is an upper bound on the
+    server's load; past 1 the exchanges overlap: the nodes queue at the server or share the
+    network.
+    """
+    return nodes * round_trip_ms / (1e3 * sync_interval + round_trip_ms)
+
+
+def busy_warning(
+    nodes: int,
+    round_trip_ms: float,
+    sync_interval: float,
+    precision: str = "fp32",
+    statistics: bool = False,
+) -> str | None:
+    """The warning for an exchange load (`exchange_load`) of `BUSY_LOAD` or more, else None.
 
     Args:
-        round_trip_ms: the nodes' mean exchange time, end to end, over the last while.
+        nodes: nodes exchanging.
+        round_trip_ms: their mean exchange time, end to end, over the last while.
         sync_interval: ``--sync-interval`` in seconds.
+        precision: ``--exchange-precision``.
+        statistics: ``--exchange-statistics``.
     """
-    if round_trip_ms is None or round_trip_ms < BUSY_FRACTION * 1e3 * sync_interval:
+    load = exchange_load(nodes, round_trip_ms, sync_interval)
+    if load < BUSY_LOAD:
         return None
+    # The interval at which the same round trips would make a load of one half.
+    enough = math.ceil(round_trip_ms * (2 * nodes - 1) / 1e3)
+    fixes = [f"raise --sync-interval to {max(enough, math.ceil(2 * sync_interval))} s"]
+    if statistics:
+        fixes.append("drop --exchange-statistics (3x the bytes)")
+    if precision == "fp32":
+        fixes.append("use --exchange-precision fp16 where the network is the limit")
     return (
-        f"exchanges took {round_trip_ms:.0f} ms on average against --sync-interval "
-        f"{sync_interval:g} s: the parameter server or the network is near its limit and the "
-        f"nodes wait for it; raise --sync-interval (e.g. {2 * sync_interval:g}) or add "
-        "--exchange-precision fp16"
+        f"{nodes} nodes' exchanges take {round_trip_ms:.0f} ms each against --sync-interval "
+        f"{sync_interval:g} s, an exchange load of {load:.2f}: they overlap, so the parameter "
+        f"server or the network is at its limit and the nodes wait for it; {', or '.join(fixes)}"
     )
 
 
@@ -920,6 +948,7 @@ class ClusterRun:
         for node in nodes:
             self._start(node)
         self.next_pull = 0.0
+        self.busy_window = (time.monotonic(), 0, 0.0)  # (start, exchanges timed, total ms)
         self.next_busy_warning = 0.0
         self.next_adopt = time.monotonic() + ADOPT_SECONDS
         # The driver's step count is the cluster's: written here only, in its one slot.
@@ -976,8 +1005,12 @@ class ClusterRun:
                 f"with {count_nodes(len(running))}"
             )
 
-    def pull(self) -> None:
-        """The server's weights into the driver's model (the test process plays them)."""
+    def pull(self) -> tuple[int, float]:
+        """The server's weights into the driver's model (the test process plays them).
+
+        Returns:
+            the nodes' exchanges timed since the last pull and their total milliseconds.
+        """
         pulled = self.ray.get(self.server.pull.remote())
         set_flat(self.launcher.shared_model, pulled["weights"])
         ctx = self.launcher.ctx
@@ -985,10 +1018,29 @@ class ClusterRun:
         ctx.skipped[0] = pulled["skipped"] - self.base_skipped
         for payload in pulled["reports"]:
             self.launcher.monitor.take("train", payload)
-        warning = busy_warning(pulled["round_trip_ms"], self.config.sync_interval)
-        if warning and time.monotonic() >= self.next_busy_warning:
+        return pulled["round_trips"]
+
+    def watch_load(self, count: int, total_ms: float) -> None:
+        """Add a pull's round trips to the window; at its end, warn if the load is high."""
+        start, window_count, window_ms = self.busy_window
+        window_count, window_ms = window_count + count, window_ms + total_ms
+        now = time.monotonic()
+        if now - start < BUSY_WINDOW_SECONDS:
+            self.busy_window = (start, window_count, window_ms)
+            return
+        self.busy_window = (now, 0, 0.0)
+        if not window_count or not self.runs or now < self.next_busy_warning:
+            return
+        warning = busy_warning(
+            len(self.runs),
+            window_ms / window_count,
+            self.config.sync_interval,
+            self.config.exchange_precision,
+            self.config.exchange_statistics,
+        )
+        if warning:
             self.log.warning(warning)
-            self.next_busy_warning = time.monotonic() + BUSY_WARNING_SECONDS
+            self.next_busy_warning = now + BUSY_WARNING_SECONDS
 
     def poll(self) -> None:
         """Every supervision round: nodes that ended or died, new launchers, weights.
@@ -1016,7 +1068,7 @@ class ClusterRun:
             self.launcher.ctx.request_stop()
         if time.monotonic() >= self.next_pull:
             try:
-                self.pull()
+                self.watch_load(*self.pull())
             except self.ray.exceptions.RayError as err:
                 lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
                 self.launcher.stop_reason = f"the parameter server was lost: {lines[0][:300]}"

@@ -1,17 +1,19 @@
 """Where an agent loses points: the steps from the previous point to each point lost.
 
-A mean score says how often an agent loses, not when. This plays greedy games as
-`gym_eval.py` does (same flags, same wrappers, the argmax action) and, for every reward of
-the game, notes how many agent steps passed since the previous one (the rally, in Pong). It
-prints how the lost points (negative rewards) spread over those lengths and how many of them
-fell in the commonest length, so a weakness tied to one moment of the game (in Pong: the
-first return after a serve) shows as a spike:
+A mean score says how often an agent loses, not when. This plays the games `gym_eval.py`
+plays in one process (the same flags, seeds, wrappers and greedy player) and, for every
+reward of a game, notes how many agent steps passed since the previous one (the rally, in
+Pong). It prints how the lost points (negative rewards) spread over those lengths and how
+many fell at the commonest length, so a weakness tied to one moment of the game (in Pong:
+the first return of a serve) shows as a spike:
 
     python benchmarks/points_lost.py --env PongNoFrameskip-v4 \
         --model trained_models/PongNoFrameskip-v4.dat --num-episodes 12 \
         --repeat-action-probability 0.25
 
-With ``--out FILE`` the rallies of every game go to a JSON file as well.
+``--out FILE`` also writes every game's rallies as JSON. The games are played in one process,
+without a window or video: ``--processes``, ``--render``, ``--new-gym-eval`` and ``--demo``
+are refused.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import torch
@@ -29,17 +33,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from checkpoint import checkpoint_path, load_weights  # noqa: E402
-from cli import parse_eval_args  # noqa: E402
-from environment import (  # noqa: E402
-    env_config,
-    make_env,
-    read_config,
-    register_games,
-    was_real_done,
-)
+from cli import EvalConfig, parse_eval_args  # noqa: E402
+from environment import env_config, make_env, read_config, register_games  # noqa: E402
 from model import build_model  # noqa: E402
-from player_util import force_real_reset  # noqa: E402
-from utils import UsageError  # noqa: E402
+from player_util import GreedyPlayer  # noqa: E402
+from utils import UsageError, worker_device  # noqa: E402
+
+
+class RewardLog(gym.Wrapper):
+    """Keeps the reward of every step, across the lost-life resets of a game."""
+
+    def __init__(self, env: gym.Env):
+        """Wrap `env`; `rewards` starts empty."""
+        super().__init__(env)
+        self.rewards: list[float] = []
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """`env.step`, noting the reward."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.rewards.append(float(reward))
+        return obs, reward, terminated, truncated, info
 
 
 def rallies(rewards: list[float]) -> list[tuple[float, int]]:
@@ -59,60 +72,64 @@ def rallies(rewards: list[float]) -> list[tuple[float, int]]:
     return out
 
 
-@torch.no_grad()
-def play(model: torch.nn.Module, env: gym.Env, seed: int) -> list[float]:
-    """One greedy game from a real reset; returns the reward of every agent step.
-
-    Lost lives go on with the same game, the LSTM state afresh, as `GreedyPlayer` plays.
-    """
-    force_real_reset(env)
-    obs, _ = env.reset(seed=seed)
-    hx, cx = model.initial_state(1, "cpu")
-    rewards: list[float] = []
-    while True:
-        state = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
-        _, logits, hx, cx = model(state, hx, cx)
-        obs, reward, terminated, truncated, _ = env.step(int(logits.argmax(1)))
-        rewards.append(float(reward))
-        if terminated or truncated:
-            if was_real_done(env):
-                return rewards
-            obs, _ = env.reset()
-            hx, cx = model.initial_state(1, "cpu")
+def refuse_unsupported(args: EvalConfig) -> None:
+    """Raise `UsageError` for the gym_eval.py flags this script does not do."""
+    if args.processes != 1:
+        raise UsageError(f"--processes {args.processes}: points_lost.py plays in one process")
+    for name in ("render", "new_gym_eval", "demo"):
+        if getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: points_lost.py shows and records nothing; drop {flag}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Play the games and print where the points were lost; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--out", default="", help="write every game's rallies here (JSON)")
+    extra.add_argument("--out", default="")
     mine, rest = extra.parse_known_args(argv)
-    torch.set_num_threads(1)
     try:
         args = parse_eval_args(rest)
-        register_games()
-        conf = env_config(read_config(args.env_config), args.env)
-        env = make_env(
-            args.env,
-            conf,
-            args.max_episode_length,
-            args.skip_rate,
+        refuse_unsupported(args)
+        out = Path(mine.out) if mine.out else None
+        if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+            raise UsageError(f"--out {mine.out}: cannot write in {str(out.parent)!r}")
+    except UsageError as error:
+        print(f"points_lost.py: error: {error}", file=sys.stderr)
+        return 2
+    # As gym_eval.play_games sets up its one process.
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = worker_device(args.gpu_id)
+    register_games()
+    env = RewardLog(
+        make_env(
+            args.env, env_config(read_config(args.env_config), args.env),
+            args.max_episode_length, args.skip_rate, args.vector_obs_norm,
             repeat_action_probability=args.repeat_action_probability,
         )
-        model = build_model(env.observation_space, env.action_space, args.hidden_size)
+    )  # fmt: skip
+    model = build_model(env.observation_space, env.action_space, args.hidden_size)
+    try:
         load_weights(model, args.model or checkpoint_path(args.load_model_dir, args.env))
     except UsageError as error:
         print(f"points_lost.py: error: {error}", file=sys.stderr)
         return 2
-    model.eval()
+    model.to(device).eval()
+    if model.channels_last_suits(device):
+        model.use_channels_last()
+    player = GreedyPlayer(model, env, device)
     games, lost = [], collections.Counter()
     for game in range(args.num_episodes):
-        game_rallies = rallies(play(model, env, args.seed + game))
+        env.rewards = []
+        result = player.play_game(args.seed if game == 0 else None, args.stall_steps)
+        game_rallies = rallies(env.rewards)
         games.append(game_rallies)
-        for reward, steps in game_rallies:
-            if reward < 0:
-                lost[steps] += 1
-        print(f"game {game + 1}: {sum(r for r, _ in game_rallies):+g}", flush=True)
+        lost.update(steps for reward, steps in game_rallies if reward < 0)
+        print(f"game {game + 1}: {result.reward:+g} ({result.ending})", flush=True)
+    env.close()
     total = sum(lost.values())
     scores = [sum(r for r, _ in g) for g in games]
     print(f"{len(games)} games, mean {sum(scores) / len(scores):.2f}, {total} points lost")
@@ -120,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         length, count = lost.most_common(1)[0]
         print(f"commonest length of a lost point: {length} steps, {count} of {total}")
         print("lost points by steps since the previous point:", dict(sorted(lost.items())))
-    if mine.out:
-        Path(mine.out).write_text(json.dumps({"games": games}) + "\n")
+    if out is not None:
+        out.write_text(json.dumps({"games": games}) + "\n")
     return 0
 
 

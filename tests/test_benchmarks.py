@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import gym_eval
 import utils
 from environment import MaxAndSkipEnv
 from model import build_model
@@ -276,5 +277,24 @@ def test_points_lost_plays_real_games_and_refuses_bad_input_in_one_line(tmp_path
     assert "2 games, mean" in capsys.readouterr().out
     assert points_lost.main([*flags, "--model", str(tmp_path / "missing.dat")]) == 2
     assert points_lost.main([*flags, "--repeat-action-probability", "2"]) == 2
+    assert points_lost.main([*flags, "--processes", "2"]) == 2
+    assert points_lost.main([*flags, "--demo"]) == 2
+    assert points_lost.main([*flags, "--out", str(tmp_path / "no" / "such.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
+    assert len(err) == 5 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
+    assert "--processes 2" in err[2] and "drop --demo" in err[3] and "such.json" in err[4]
+    assert all(line.startswith("points_lost.py: error: ") for line in err)
+
+
+def test_points_lost_plays_gym_evals_games(tmp_path, capsys):
+    """The same seeds, wrappers and player: the same scores as gym_eval.py in one process."""
+    env = gym.make("CartPole-v1")
+    model = build_model(env.observation_space, env.action_space, 16)
+    torch.save(model.state_dict(), tmp_path / "cart.dat")
+    flags = ["--env", "CartPole-v1", "--hidden-size", "16", "--num-episodes", "3", "--seed", "7"]
+    flags += ["--model", str(tmp_path / "cart.dat"), "--max-episode-length", "60"]
+    assert points_lost.main([*flags, "--out", str(tmp_path / "r.json")]) == 0
+    ours = [sum(r for r, _ in g) for g in json.loads((tmp_path / "r.json").read_text())["games"]]
+    assert gym_eval.main([*flags, "--log-dir", str(tmp_path / "eval")]) == 0
+    summary = json.loads((tmp_path / "eval" / "CartPole-v1_eval.json").read_text())
+    assert ours == summary["rewards"]

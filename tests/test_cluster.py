@@ -16,19 +16,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import cluster
 from cluster import (
+    ClusterRun,
     ErrorFeedback,
     ParameterServer,
     StatisticsSync,
     WeightSync,
     add_flat,
     busy_warning,
+    exchange_load,
     flat_weights,
     node_config,
     pick_place,
@@ -122,24 +126,62 @@ def test_the_server_adds_every_nodes_push_once():
         server.exchange("node0", np.zeros(5, np.float32), 0, 0)
 
 
-def test_the_driver_hears_the_round_trips_since_its_last_pull_and_warns_when_they_are_long():
+def test_the_driver_hears_the_round_trips_since_its_last_pull_and_warns_when_they_overlap():
     start = flat_weights(net(0))
     server = ParameterServer(start)
     change = np.zeros_like(start)
     server.exchange("a", change, 1, 0)  # a node's first exchange has no round trip to report
-    assert server.pull()["round_trip_ms"] is None
-    server.exchange("a", change, 2, 0, last_round_trip_ms=100.0)
-    server.exchange("b", change, 2, 0, last_round_trip_ms=300.0)
-    assert server.pull()["round_trip_ms"] == 200.0
-    assert server.pull()["round_trip_ms"] is None  # since the last pull only
-    server.exchange("a", change, 3, 0, last_round_trip_ms=50.0)
-    assert server.pull()["round_trip_ms"] == 50.0
-    assert server.stats()["round_trip_ms"] == 150.0  # the run record's: the whole run
-    assert busy_warning(None, 3.0) is None
-    assert busy_warning(1499.0, 3.0) is None
-    warning = busy_warning(1500.0, 3.0)
+    server.exchange("a", change, 2, 0, last_round_trip_ms=900.0)  # nor is its first counted
+    server.exchange("b", change, 2, 0, last_round_trip_ms=900.0)  # (its workers were starting)
+    assert server.pull()["round_trips"] == (0, 0.0)
+    server.exchange("a", change, 3, 0, last_round_trip_ms=100.0)
+    server.exchange("b", change, 3, 0, last_round_trip_ms=300.0)
+    assert server.pull()["round_trips"] == (2, 400.0)
+    assert server.pull()["round_trips"] == (0, 0.0)  # since the last pull only
+    assert server.stats()["round_trip_ms"] == 550.0  # the run record's: the whole run, all
+    # 2 nodes at 1 s with 188 ms round trips (the statistics' exchange measured on 2 nodes):
+    # busy a third of the time at most; 10 such nodes overlap.
+    assert exchange_load(2, 188.0, 1.0) == pytest.approx(0.316, abs=1e-3)
+    assert busy_warning(2, 188.0, 1.0, "fp32", True) is None
+    warning = busy_warning(10, 188.0, 1.0, "fp32", True)
     assert warning is not None and "\n" not in warning
-    assert "1500 ms" in warning and "--sync-interval 3 s" in warning and "(e.g. 6)" in warning
+    assert "10 nodes' exchanges take 188 ms" in warning and "load of 1.58" in warning
+    assert "raise --sync-interval to 4 s" in warning  # 188 ms x 19: a load of one half
+    assert "drop --exchange-statistics" in warning and "--exchange-precision fp16" in warning
+    advice = busy_warning(64, 60.0, 1.0, "fp16", False)
+    assert "raise --sync-interval to 8 s" in advice and "fp16" not in advice.split(";")[1]
+    assert "statistics" not in advice
+
+
+def test_the_driver_judges_the_load_over_a_window_and_warns_at_most_every_few_minutes(
+    monkeypatch,
+):
+    clock = [1000.0]
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: clock[0])
+    warnings_logged = []
+    run = SimpleNamespace(
+        busy_window=(clock[0], 0, 0.0),
+        next_busy_warning=0.0,
+        runs={"ref0": "a", "ref1": "b"},
+        config=make_args(sync_interval=0.1),
+        log=SimpleNamespace(warning=warnings_logged.append),
+    )
+
+    def pull(count, total_ms, after):
+        clock[0] += after
+        ClusterRun.watch_load(run, count, total_ms)
+
+    pull(10, 1000.0, 30.0)  # 100 ms round trips at 0.1 s, 2 nodes: a load of 1
+    assert warnings_logged == []  # the window is not over yet
+    pull(10, 1000.0, 31.0)
+    assert len(warnings_logged) == 1 and "2 nodes' exchanges take 100 ms" in warnings_logged[0]
+    assert run.busy_window == (clock[0], 0, 0.0)  # a new window
+    pull(20, 2000.0, 61.0)
+    assert len(warnings_logged) == 1  # not again within BUSY_WARNING_SECONDS
+    clock[0] += cluster.BUSY_WARNING_SECONDS
+    pull(20, 200.0, 61.0)  # 10 ms round trips: no warning
+    pull(20, 2000.0, 61.0)
+    assert len(warnings_logged) == 2
 
 
 def test_error_feedback_delivers_what_fp16_alone_would_round_away():
