@@ -546,9 +546,12 @@ def reload_ray_auth() -> None:
 CLUSTER_FLAGS = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0", "--sync-interval", "1"]
 
 
-def actor_processes(actors: tuple[str, ...] = ("NodeLauncher",)) -> dict[int, int]:
-    """Pid -> parent pid of every live actor process of these classes and its spawned children."""
-    table = live_processes()
+def actor_processes(
+    actors: tuple[str, ...] = ("NodeLauncher",), table: dict | None = None
+) -> dict[int, int]:
+    """Pid -> parent pid of every live actor process of these classes and its spawned children,
+    in ``table`` (a ``live_processes()`` snapshot) or in a fresh one."""
+    table = live_processes() if table is None else table
     found = {pid for pid, (_, _, cmd) in table.items() if any(actor in cmd for actor in actors)}
     return {pid: parent for pid, (parent, _, _) in table.items() if pid in found or parent in found}
 
@@ -752,8 +755,9 @@ def test_ctrl_c_or_sigterm_on_the_driver_stops_every_node_and_saves(ray_cluster,
     run = ClusterRunProcess(ray_cluster, tmp_path)  # no budget: only the signal ends it
     try:
         run.wait_until_training(test_games=2)
-        running = set(actor_processes(EVERY_ACTOR))
-        assert running > set(actor_processes())  # the server's process is found too
+        snapshot = live_processes()  # one snapshot: a worker may start between two
+        running = set(actor_processes(EVERY_ACTOR, snapshot))
+        assert running > set(actor_processes(table=snapshot))  # the server's process is found too
     finally:
         run.stop(signum)
     cluster = run.cluster_record()  # exit code 0
