@@ -177,6 +177,7 @@ def play_games(
     report: Callable[[int, GameResult], None],
     log: logging.Logger,
     should_stop: Callable[[], bool] | None = None,
+    wrap_env: Callable[[gym.Env], gym.Env] | None = None,
 ) -> None:
     """Play `games` (game numbers, 1 = the first of the evaluation) one after another here.
 
@@ -188,6 +189,8 @@ def play_games(
         report: gets each game's number and result as it ends.
         log: where a demo's file names are logged.
         should_stop: asked before every step; True ends the game being played and the rest.
+        wrap_env: wraps the played env (outermost) to watch the games; not the ``--render``
+            window's.
     """
     stem = env_file_stem(args.env)
     env_conf = env_config(read_config(args.env_config), args.env)
@@ -203,6 +206,8 @@ def play_games(
 
     render_mode = "rgb_array" if args.new_gym_eval or args.demo else None
     env = build_env(render_mode)
+    if wrap_env is not None:
+        env = wrap_env(env)
     shown = build_env("human") if args.render else None
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)

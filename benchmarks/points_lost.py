@@ -21,23 +21,23 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from checkpoint import checkpoint_path, load_weights  # noqa: E402
+from checkpoint import checkpoint_path  # noqa: E402
 from cli import EvalConfig, parse_eval_args  # noqa: E402
-from environment import env_config, make_env, read_config, register_games  # noqa: E402
-from model import build_model  # noqa: E402
-from player_util import GreedyPlayer  # noqa: E402
-from utils import UsageError, worker_device  # noqa: E402
+from environment import register_games  # noqa: E402
+from gym_eval import play_games  # noqa: E402
+from player_util import GameResult  # noqa: E402
+from utils import UsageError  # noqa: E402
 
 
 class RewardLog(gym.Wrapper):
@@ -99,37 +99,30 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"points_lost.py: error: {error}", file=sys.stderr)
         return 2
-    # As gym_eval.play_games sets up its one process.
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = worker_device(args.gpu_id)
     register_games()
-    env = RewardLog(
-        make_env(
-            args.env, env_config(read_config(args.env_config), args.env),
-            args.max_episode_length, args.skip_rate, args.vector_obs_norm,
-            repeat_action_probability=args.repeat_action_probability,
-        )
-    )  # fmt: skip
-    model = build_model(env.observation_space, env.action_space, args.hidden_size)
-    try:
-        load_weights(model, args.model or checkpoint_path(args.load_model_dir, args.env))
+    watched: list[RewardLog] = []
+    games, lost = [], collections.Counter()
+
+    def watch(env: gym.Env) -> gym.Env:
+        watched.append(RewardLog(env))
+        return watched[-1]
+
+    def report(game: int, result: GameResult) -> None:
+        game_rallies = rallies(watched[0].rewards)
+        watched[0].rewards = []
+        games.append(game_rallies)
+        lost.update(steps for reward, steps in game_rallies if reward < 0)
+        print(f"game {game}: {result.reward:+g} ({result.ending})", flush=True)
+
+    model = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
+    try:  # gym_eval.py's games: its seeds, wrappers, model set-up and player
+        play_games(
+            args, model, range(1, args.num_episodes + 1), args.seed, report,
+            logging.getLogger("a3g.points_lost"), wrap_env=watch,
+        )  # fmt: skip
     except UsageError as error:
         print(f"points_lost.py: error: {error}", file=sys.stderr)
         return 2
-    model.to(device).eval()
-    if model.channels_last_suits(device):
-        model.use_channels_last()
-    player = GreedyPlayer(model, env, device)
-    games, lost = [], collections.Counter()
-    for game in range(args.num_episodes):
-        env.rewards = []
-        result = player.play_game(args.seed if game == 0 else None, args.stall_steps)
-        game_rallies = rallies(env.rewards)
-        games.append(game_rallies)
-        lost.update(steps for reward, steps in game_rallies if reward < 0)
-        print(f"game {game + 1}: {result.reward:+g} ({result.ending})", flush=True)
-    env.close()
     total = sum(lost.values())
     scores = [sum(r for r, _ in g) for g in games]
     print(f"{len(games)} games, mean {sum(scores) / len(scores):.2f}, {total} points lost")
