@@ -1,4 +1,4 @@
-"""Where an agent loses points: the steps from the previous point to each point lost.
+r"""Where an agent loses points: the steps from the previous point to each point lost.
 
 A mean score says how often an agent loses, not when. This plays the games `gym_eval.py`
 plays in one process (the same flags, seeds, wrappers and greedy player) and, for every

@@ -1,4 +1,4 @@
-"""The observation alone: an agent's score when the max over the skip window is taken away.
+r"""The observation alone: an agent's score when the max over the skip window is taken away.
 
 `ALE/Pong-v5` differs from `PongNoFrameskip-v4` in more than sticky actions: ALE skips the
 frames itself and the agent sees the last raw frame of each skip, not the max over the last

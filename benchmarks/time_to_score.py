@@ -1,4 +1,4 @@
-"""Time to score: how long until an agent plays well, for each training configuration.
+r"""Time to score: how long until an agent plays well, for each training configuration.
 
 For each configuration (a string of extra ``main.py`` flags), trains ``--env`` (Pong) with
 ``--workers`` workers for at most ``--minutes`` of wall time, and reports the wall time and
