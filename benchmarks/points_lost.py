@@ -72,14 +72,34 @@ def rallies(rewards: list[float]) -> list[tuple[float, int]]:
     return out
 
 
-def refuse_unsupported(args: EvalConfig) -> None:
-    """Raise `UsageError` for the gym_eval.py flags this script does not do."""
+def refuse_unsupported(args: EvalConfig, script: str) -> None:
+    """Raise `UsageError` for the gym_eval.py flags `script` (one process, no window) lacks."""
     if args.processes != 1:
-        raise UsageError(f"--processes {args.processes}: points_lost.py plays in one process")
+        raise UsageError(f"--processes {args.processes}: {script} plays in one process")
     for name in ("render", "new_gym_eval", "demo"):
         if getattr(args, name):
             flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag}: points_lost.py shows and records nothing; drop {flag}")
+            raise UsageError(f"{flag}: {script} shows and records nothing; drop {flag}")
+
+
+def parse_watch_args(argv: list[str], script: str) -> tuple[EvalConfig, Path | None]:
+    """gym_eval.py's flags and ``--out FILE`` for `script`, which watches games in one process.
+
+    Returns:
+        The evaluation's flags and the ``--out`` path (None without it).
+
+    Raises:
+        UsageError: a bad flag, one `script` does not do, or an ``--out`` it cannot write.
+    """
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--out", default="")
+    mine, rest = extra.parse_known_args(argv)
+    args = parse_eval_args(rest)
+    refuse_unsupported(args, script)
+    out = Path(mine.out) if mine.out else None
+    if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+        raise UsageError(f"--out {mine.out}: cannot write in {str(out.parent)!r}")
+    return args, out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,15 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__)
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--out", default="")
-    mine, rest = extra.parse_known_args(argv)
     try:
-        args = parse_eval_args(rest)
-        refuse_unsupported(args)
-        out = Path(mine.out) if mine.out else None
-        if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
-            raise UsageError(f"--out {mine.out}: cannot write in {str(out.parent)!r}")
+        args, out = parse_watch_args(argv, "points_lost.py")
     except UsageError as error:
         print(f"points_lost.py: error: {error}", file=sys.stderr)
         return 2

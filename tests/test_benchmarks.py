@@ -30,6 +30,7 @@ import bench_step  # noqa: E402
 import bench_training  # noqa: E402
 import points_lost  # noqa: E402
 import pong_observation  # noqa: E402
+import pong_returns  # noqa: E402
 import time_to_score  # noqa: E402
 
 
@@ -284,6 +285,88 @@ def test_points_lost_plays_real_games_and_refuses_bad_input_in_one_line(tmp_path
     assert len(err) == 5 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
     assert "--processes 2" in err[2] and "drop --demo" in err[3] and "such.json" in err[4]
     assert all(line.startswith("points_lost.py: error: ") for line in err)
+
+
+def _frame(
+    ball_x: int,
+    ball_y: int = 100,
+    paddle_y: int = 90,
+    reward: float = 0.0,
+    chosen: int = 0,
+    played: int = 0,
+) -> pong_returns.Frame:
+    return pong_returns.Frame(chosen, played, reward, paddle_y, ball_x, ball_y)
+
+
+def test_pong_returns_finds_returns_and_misses_and_marks_the_serve():
+    point_won = [_frame(150), _frame(205, reward=1.0)]  # the agent's return beat the opponent
+    returned = [_frame(180), _frame(186, ball_y=95), _frame(182)]  # turns back at 186
+    stuck = [_frame(100, chosen=2, played=0)] * 3  # three frames where stickiness changed it
+    missed = [_frame(185, ball_y=70), _frame(188, ball_y=72), _frame(195), _frame(205, reward=-1.0)]
+    found = pong_returns.contacts(point_won + returned + stuck + missed)
+    assert [(c.returned, c.serve, c.offset) for c in found] == [
+        (True, True, 95 - 90),  # the first ball after a point won: the serve
+        (False, False, 72 - 90),  # measured at the last frame before the paddle's column
+    ]
+    assert found[0].stuck == 0 and found[1].stuck == 3 and found[1].frame == 9
+    lost_first = pong_returns.contacts([_frame(188, ball_y=50), _frame(205, reward=-1.0)])
+    assert [(c.returned, c.serve) for c in lost_first] == [(False, False)]
+
+
+def test_pong_returns_does_stickiness_as_ale_does():
+    class Atari(gym.Env):
+        def __init__(self):
+            self.ale = self
+            self.played = []
+
+        def getRAM(self):  # noqa: N802 (ALE's name)
+            return np.zeros(128, dtype=np.uint8)
+
+        def step(self, action):
+            self.played.append(action)
+            return None, 0.0, False, False, {}
+
+        def reset(self, **kwargs):
+            return None, {}
+
+    atari = Atari()
+    recorder = pong_returns.StickyRecorder(0.25, seed=3)
+    recorder.attach(atari)
+    for _ in range(4000):
+        atari.step(2 if len(atari.played) % 2 else 3)  # a new action every frame
+    changed = sum(f.chosen != f.played for f in recorder.frames)
+    assert 800 < changed < 1200  # about a quarter of the frames play the previous action
+    assert all(f.played == p for f, p in zip(recorder.frames, atari.played, strict=True))
+    atari.reset()
+    recorder.rng = np.random.default_rng(0)
+    recorder.probability = 1.0
+    atari.step(3)
+    assert atari.played[-1] == 0  # after a reset the previous action is NOOP
+
+
+@pytest.mark.slow
+def test_pong_returns_plays_real_pong_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    model = build_model(gym.spaces.Box(0, 1, (1, 80, 80)), gym.spaces.Discrete(6), 32)
+    torch.save(model.state_dict(), tmp_path / "pong.dat")
+    out = tmp_path / "contacts.json"
+    flags = ["--env", "PongNoFrameskip-v4", "--hidden-size", "32", "--num-episodes", "1"]
+    flags += ["--max-episode-length", "400", "--repeat-action-probability", "0.25"]
+    assert (
+        pong_returns.main([*flags, "--model", str(tmp_path / "pong.dat"), "--out", str(out)]) == 0
+    )
+    written = json.loads(out.read_text())
+    assert written["sticky"] == 0.25 and len(written["games"]) == 1
+    assert any(not c["returned"] for c in written["games"][0])  # an untrained agent misses
+    printed = capsys.readouterr().out
+    assert "1 games, sticky actions 0.25 (done here, not by ALE)" in printed
+    assert pong_returns.main([*flags, "--model", str(tmp_path / "missing.dat")]) == 2
+    assert pong_returns.main([*flags[2:], "--env", "ALE/Pong-v5"]) == 2
+    assert pong_returns.main([*flags[2:], "--env", "BreakoutNoFrameskip-v4"]) == 2
+    assert pong_returns.main([*flags, "--processes", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and "missing.dat" in err[0] and "ALE/Pong-v5" in err[1]
+    assert "use PongNoFrameskip-v4" in err[2] and "pong_returns.py plays in one process" in err[3]
+    assert all(line.startswith("pong_returns.py: error: ") for line in err)
 
 
 def test_points_lost_plays_gym_evals_games(tmp_path, capsys):

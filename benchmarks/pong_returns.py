@@ -1,0 +1,215 @@
+r"""How a Pong agent meets the ball: where on its paddle, and how stickiness moved it.
+
+`points_lost.py` says when an agent loses points; this says how. It plays the games
+`gym_eval.py` plays in one process (the same flags, seeds, wrappers and greedy player) and
+notes every ball that reaches the agent's paddle: returned (where on the paddle it met the
+ball: the ball's y minus the paddle's, from the console's RAM) or missed (by how much it
+passed), split into the first ball after a point the agent won (the return of the serve)
+and the rest, with how many frames of the 40 before it stickiness had changed the agent's
+action. So a weakness such as "it meets the serve with the paddle's edge at the last moment,
+and a repeated action makes it late" shows in numbers:
+
+    python benchmarks/pong_returns.py --env PongNoFrameskip-v4 \
+        --model trained_models/PongNoFrameskip-v4.dat --num-episodes 6 \
+        --repeat-action-probability 0.25
+
+Sticky actions are done here, not by ALE, so that each frame's chosen and played actions
+are known: ALE's stickiness is off and each raw frame plays, with probability
+``--repeat-action-probability``, the previous frame's action instead of the agent's (after a
+reset, the previous action is NOOP), which is what ALE does, with this script's random
+numbers (seeded with ``--seed``). Pong ids whose ALE plays every frame only (the
+``NoFrameskip`` ones): the RAM addresses are Pong's (paddle y 51, ball x 49, ball y 54).
+``--out FILE`` also writes every contact as JSON. ``--processes``, ``--render``,
+``--new-gym-eval`` and ``--demo`` are refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from points_lost import parse_watch_args  # noqa: E402
+
+from checkpoint import checkpoint_path  # noqa: E402
+from environment import lookup_spec, register_games, sticky_probability  # noqa: E402
+from gym_eval import play_games  # noqa: E402
+from player_util import GameResult  # noqa: E402
+from utils import UsageError  # noqa: E402
+
+PADDLE_Y, BALL_X, BALL_Y = 51, 49, 54  # Pong's RAM: the agent's (right) paddle, the ball
+PADDLE_COLUMN = 189  # ball x past this has passed the agent's paddle
+TURN_ZONE = (170, 200)  # ball x where a turn back is the agent's return
+STUCK_WINDOW = 40  # frames before a contact in which stickiness is counted
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """One raw frame: the agent's action, the one played, the reward and the RAM positions."""
+
+    chosen: int
+    played: int
+    reward: float
+    paddle_y: int
+    ball_x: int
+    ball_y: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Contact:
+    """A ball that reached the agent's paddle."""
+
+    returned: bool
+    serve: bool  # the first ball to reach the agent after a point it won
+    offset: int  # ball y - paddle y where the ball met (or passed) the paddle's column
+    stuck: int  # frames in the STUCK_WINDOW before it where stickiness changed the action
+    frame: int  # the frame's index in the game
+
+
+def contacts(frames: list[Frame]) -> list[Contact]:
+    """Every ball that reached the agent's paddle in one game, in order.
+
+    A return is a frame where the ball's x, rising, turns back inside TURN_ZONE; a miss is a
+    point lost, measured at the last frame before the ball passed PADDLE_COLUMN.
+    """
+    found: list[Contact] = []
+    last_point, returned_since = 0, 0
+
+    def stuck_before(i: int) -> int:
+        window = frames[max(0, i - STUCK_WINDOW) : i]
+        return sum(f.chosen != f.played for f in window)
+
+    for i, frame in enumerate(frames):
+        serve = last_point > 0 and returned_since == 0
+        if i >= 2 and frames[i - 2].ball_x < frames[i - 1].ball_x > frame.ball_x:
+            turn = frames[i - 1]
+            if TURN_ZONE[0] <= turn.ball_x <= TURN_ZONE[1]:
+                offset = turn.ball_y - turn.paddle_y
+                found.append(Contact(True, serve, offset, stuck_before(i - 1), i - 1))
+                returned_since += 1
+        if frame.reward < 0:
+            j = i
+            while j > 0 and frames[j].ball_x > PADDLE_COLUMN:
+                j -= 1
+            offset = frames[j].ball_y - frames[j].paddle_y
+            found.append(Contact(False, serve, offset, stuck_before(j), j))
+        if frame.reward:
+            last_point, returned_since = int(np.sign(frame.reward)), 0
+    return found
+
+
+class StickyRecorder:
+    """Plays each raw frame with stickiness done here and records it (see the module doc)."""
+
+    def __init__(self, probability: float, seed: int):
+        """Stickiness `probability` per frame, drawn from a generator seeded with `seed`."""
+        self.probability = probability
+        self.rng = np.random.default_rng(seed)
+        self.frames: list[Frame] = []
+        self.previous = 0
+
+    def attach(self, env: gym.Env) -> gym.Env:
+        """Route the ALE env under `env`'s wrappers through this recorder; returns `env`."""
+        atari = env.unwrapped
+        step, reset = atari.step, atari.reset
+
+        def sticky_step(action: Any) -> Any:
+            chosen = int(action)
+            played = self.previous if self.rng.random() < self.probability else chosen
+            self.previous = played
+            result = step(played)
+            ram = atari.ale.getRAM()
+            self.frames.append(
+                Frame(chosen, played, float(result[1]), int(ram[PADDLE_Y]), int(ram[BALL_X]),
+                      int(ram[BALL_Y]))
+            )  # fmt: skip
+            return result
+
+        def sticky_reset(**kwargs: Any) -> Any:
+            self.previous = 0
+            return reset(**kwargs)
+
+        atari.step, atari.reset = sticky_step, sticky_reset
+        return env
+
+
+def check_env(env_id: str) -> None:
+    """Raise `UsageError` unless `env_id` is a Pong id whose ALE plays single frames."""
+    spec = lookup_spec(env_id)
+    if spec.kwargs.get("game") != "pong" or spec.kwargs.get("frameskip", 1) != 1:
+        raise UsageError(
+            f"--env {env_id}: pong_returns.py reads Pong's RAM frame by frame; use "
+            "PongNoFrameskip-v4"
+        )
+
+
+def summary(found: list[Contact]) -> list[str]:
+    """The report's lines: per kind of ball, returns and misses with offsets and stickiness."""
+    lines = []
+    for serve, name in ((True, "serve (first ball after a point won)"), (False, "other balls")):
+        for returned in (True, False):
+            picked = [c for c in found if c.serve == serve and c.returned == returned]
+            if not picked:
+                continue
+            stuck = sum(c.stuck for c in picked) / len(picked)
+            offsets = dict(sorted(collections.Counter(c.offset for c in picked).items()))
+            lines.append(
+                f"{name}, {'returned' if returned else 'missed'}: {len(picked)}; frames changed "
+                f"by stickiness in the {STUCK_WINDOW} before, mean {stuck:.2f}; "
+                f"ball y - paddle y: {offsets}"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Play the games and print how the balls were met; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+    try:
+        args, out = parse_watch_args(argv, "pong_returns.py")
+        check_env(args.env)
+    except UsageError as error:
+        print(f"pong_returns.py: error: {error}", file=sys.stderr)
+        return 2
+    register_games()
+    probability = sticky_probability(args.env, args.repeat_action_probability)
+    recorder = StickyRecorder(probability, args.seed)
+    games: list[list[Contact]] = []
+
+    def report(game: int, result: GameResult) -> None:
+        games.append(contacts(recorder.frames))
+        recorder.frames = []
+        print(f"game {game}: {result.reward:+g} ({result.ending})", flush=True)
+
+    model = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
+    ale_off = dataclasses.replace(args, repeat_action_probability=0.0)
+    try:  # gym_eval.py's games: its seeds, wrappers, model set-up and player
+        play_games(
+            ale_off, model, range(1, args.num_episodes + 1), args.seed, report,
+            logging.getLogger("a3g.pong_returns"), wrap_env=recorder.attach,
+        )  # fmt: skip
+    except UsageError as error:
+        print(f"pong_returns.py: error: {error}", file=sys.stderr)
+        return 2
+    found = [c for game in games for c in game]
+    print(f"{len(games)} games, sticky actions {probability:g} (done here, not by ALE)")
+    print("\n".join(summary(found)))
+    if out is not None:
+        rows = [[dataclasses.asdict(c) for c in game] for game in games]
+        out.write_text(json.dumps({"sticky": probability, "games": rows}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
