@@ -6,8 +6,9 @@ notes every ball that reaches the agent's paddle: returned (where on the paddle 
 ball: the ball's y minus the paddle's, from the console's RAM) or missed (by how much it
 passed), split into the first ball after a point the agent won (the return of the serve)
 and the rest, with how many frames of the 40 before it stickiness had changed the agent's
-action. So a weakness such as "it meets the serve with the paddle's edge at the last moment,
-and a repeated action makes it late" shows in numbers:
+action and where the paddle was 32, 16, 8 and 4 frames before. So a weakness such as "it
+meets the serve with the paddle's edge at the last moment, and a repeated action makes it
+late" shows in numbers:
 
     python benchmarks/pong_returns.py --env PongNoFrameskip-v4 \
         --model trained_models/PongNoFrameskip-v4.dat --num-episodes 6 \
@@ -51,6 +52,7 @@ PADDLE_Y, BALL_X, BALL_Y = 51, 49, 54  # Pong's RAM: the agent's (right) paddle,
 PADDLE_COLUMN = 189  # ball x past this has passed the agent's paddle
 TURN_ZONE = (170, 200)  # ball x where a turn back is the agent's return
 STUCK_WINDOW = 40  # frames before a contact in which stickiness is counted
+PATH_FRAMES = (32, 16, 8, 4, 0)  # frames before a contact at which the paddle's y is noted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Contact:
     offset: int  # ball y - paddle y where the ball met (or passed) the paddle's column
     stuck: int  # frames in the STUCK_WINDOW before it where stickiness changed the action
     frame: int  # the frame's index in the game
+    paddle_path: tuple[int, ...]  # the paddle's y PATH_FRAMES before it
 
 
 def contacts(frames: list[Frame]) -> list[Contact]:
@@ -89,20 +92,23 @@ def contacts(frames: list[Frame]) -> list[Contact]:
         window = frames[max(0, i - STUCK_WINDOW) : i]
         return sum(f.chosen != f.played for f in window)
 
+    def path(i: int) -> tuple[int, ...]:
+        return tuple(frames[max(0, i - k)].paddle_y for k in PATH_FRAMES)
+
     for i, frame in enumerate(frames):
         serve = last_point > 0 and returned_since == 0
         if i >= 2 and frames[i - 2].ball_x < frames[i - 1].ball_x > frame.ball_x:
             turn = frames[i - 1]
             if TURN_ZONE[0] <= turn.ball_x <= TURN_ZONE[1]:
                 offset = turn.ball_y - turn.paddle_y
-                found.append(Contact(True, serve, offset, stuck_before(i - 1), i - 1))
+                found.append(Contact(True, serve, offset, stuck_before(i - 1), i - 1, path(i - 1)))
                 returned_since += 1
         if frame.reward < 0:
             j = i
             while j > 0 and frames[j].ball_x > PADDLE_COLUMN:
                 j -= 1
             offset = frames[j].ball_y - frames[j].paddle_y
-            found.append(Contact(False, serve, offset, stuck_before(j), j))
+            found.append(Contact(False, serve, offset, stuck_before(j), j, path(j)))
         if frame.reward:
             last_point, returned_since = int(np.sign(frame.reward)), 0
     return found
@@ -163,10 +169,12 @@ def summary(found: list[Contact]) -> list[str]:
                 continue
             stuck = sum(c.stuck for c in picked) / len(picked)
             offsets = dict(sorted(collections.Counter(c.offset for c in picked).items()))
+            path = [round(sum(c.paddle_path[k] for c in picked) / len(picked)) for k in range(5)]
             lines.append(
                 f"{name}, {'returned' if returned else 'missed'}: {len(picked)}; frames changed "
                 f"by stickiness in the {STUCK_WINDOW} before, mean {stuck:.2f}; "
-                f"ball y - paddle y: {offsets}"
+                f"ball y - paddle y: {offsets}; paddle y {PATH_FRAMES} frames before, "
+                f"mean: {path}"
             )
     return lines
 

@@ -7,6 +7,7 @@ configurations before the bad one have run for many minutes, or with a figure th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -303,12 +304,15 @@ def test_pong_returns_finds_returns_and_misses_and_marks_the_serve():
     returned = [_frame(180), _frame(186, ball_y=95), _frame(182)]  # turns back at 186
     stuck = [_frame(100, chosen=2, played=0)] * 3  # three frames where stickiness changed it
     missed = [_frame(185, ball_y=70), _frame(188, ball_y=72), _frame(195), _frame(205, reward=-1.0)]
-    found = pong_returns.contacts(point_won + returned + stuck + missed)
+    frames = point_won + returned + stuck + missed
+    frames = [dataclasses.replace(f, paddle_y=100 + i) for i, f in enumerate(frames)]
+    found = pong_returns.contacts(frames)
     assert [(c.returned, c.serve, c.offset) for c in found] == [
-        (True, True, 95 - 90),  # the first ball after a point won: the serve
-        (False, False, 72 - 90),  # measured at the last frame before the paddle's column
+        (True, True, 95 - 103),  # the first ball after a point won: the serve
+        (False, False, 72 - 109),  # measured at the last frame before the paddle's column
     ]
     assert found[0].stuck == 0 and found[1].stuck == 3 and found[1].frame == 9
+    assert found[1].paddle_path == (100, 100, 101, 105, 109)  # 32, 16, 8, 4, 0 frames before
     lost_first = pong_returns.contacts([_frame(188, ball_y=50), _frame(205, reward=-1.0)])
     assert [(c.returned, c.serve) for c in lost_first] == [(False, False)]
 
