@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -254,28 +255,65 @@ def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
             mine.copy_(shared, non_blocking=True)
 
 
-def pin_shared_memory(shared_model: nn.Module) -> bool:
+def pin_shared_memory(shared_model: nn.Module, device: torch.device) -> list[int]:
     """Page-lock this process's mapping of the shared weights, for asynchronous GPU copies.
 
     A copy from pageable memory to a GPU is staged through a pinned buffer by the driver and
     blocks the process; from registered (pinned) memory it is one DMA the GPU runs while
     the worker goes on. Registration is per process and needs CUDA; where it fails (no CUDA,
-    or a system that refuses to lock the pages) the copies stay blocking and correct.
+    a system that refuses to lock the pages, a range this process registered already) the
+    rest stay unregistered, their copies blocking and correct. A failed ``cudaHostRegister``
+    also leaves its error pending in the CUDA runtime, where the next kernel launch of this
+    thread would report it as its own failure (seen on an H200: ``torch.zeros`` raised
+    "memory range is already mapped"); it is consumed here.
+
+    Args:
+        shared_model: the shared-memory CPU model.
+        device: the worker's CUDA device (where the pending error is consumed).
 
     Returns:
-        Whether every tensor was registered.
+        The registered addresses, for `unpin_shared_memory`; empty without CUDA.
     """
     if not torch.cuda.is_available():
-        return False
+        return []
     cudart = torch.cuda.cudart()
     storages = {
         t.untyped_storage().data_ptr(): t.untyped_storage()
         for t in shared_model.state_dict().values()
     }
+    pinned = []
     for pointer, storage in storages.items():
         if int(cudart.cudaHostRegister(pointer, storage.nbytes(), 0)) != 0:
-            return False
-    return True
+            consume_cuda_error(device)
+            break
+        pinned.append(pointer)
+    return pinned
+
+
+def unpin_shared_memory(pointers: list[int]) -> None:
+    """Undo `pin_shared_memory` once the copies from those pages are done.
+
+    Registrations outlive the tensors: a later shared model mapped at the same addresses in
+    this process (a second run in one process, as in the tests) would find them registered
+    and be refused.
+    """
+    if not pointers:
+        return
+    torch.cuda.synchronize()  # no copy from these pages may still be in flight
+    cudart = torch.cuda.cudart()
+    for pointer in pointers:
+        cudart.cudaHostUnregister(pointer)
+
+
+def consume_cuda_error(device: torch.device) -> None:
+    """Read away the error a failed CUDA runtime call left pending for this thread.
+
+    The runtime keeps the last error of a thread until ``cudaGetLastError`` reads it, and
+    PyTorch reads it after each kernel launch; PyTorch binds no call that reads it alone,
+    so one tiny kernel is launched and the error it reports is dropped.
+    """
+    with contextlib.suppress(RuntimeError):  # torch.AcceleratorError: the pending error
+        torch.empty(1, device=device).fill_(0.0)
 
 
 def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = False) -> None:
@@ -444,8 +482,8 @@ def run_worker(
     agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
-    if on_gpu:
-        pin_shared_memory(shared_model)  # sync_weights' copies then run asynchronously
+    # sync_weights' copies from pinned pages run asynchronously
+    pinned = pin_shared_memory(shared_model, device) if on_gpu else []
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
     guard = NonFiniteGuard(ctx)
@@ -455,50 +493,53 @@ def run_worker(
         ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
 
     # -- the loop: one rollout, one update ------------------------------------------------------
-    lap("start")
-    while not ctx.should_stop():
-        sync_weights(model, shared_model)
-        agent.start_rollout()
-        lap("sync")
+    try:
+        lap("start")
+        while not ctx.should_stop():
+            sync_weights(model, shared_model)
+            agent.start_rollout()
+            lap("sync")
 
-        try:
-            agent.play_rollout(num_steps)
-            lap("act+env")
-            rollout = agent.rollout()
-            lap("replay")
-            terms = a3c_loss(
-                rollout, config.gamma, config.tau, config.entropy_coef, config.value_coef
-            )
-            lap("loss")
-            model.zero_grad(set_to_none=True)
-            terms.total.backward()
-            squares = stats.grad_squares(model)
-            finite = update_is_finite(terms, squares)
-            lap("backward")
-        except NonFiniteError:  # the policy itself: nothing was sampled
-            finite = False
-        ctx.add_steps(agent.steps)
+            try:
+                agent.play_rollout(num_steps)
+                lap("act+env")
+                rollout = agent.rollout()
+                lap("replay")
+                terms = a3c_loss(
+                    rollout, config.gamma, config.tau, config.entropy_coef, config.value_coef
+                )
+                lap("loss")
+                model.zero_grad(set_to_none=True)
+                terms.total.backward()
+                squares = stats.grad_squares(model)
+                finite = update_is_finite(terms, squares)
+                lap("backward")
+            except NonFiniteError:  # the policy itself: nothing was sampled
+                finite = False
+            ctx.add_steps(agent.steps)
 
-        if not guard.passed(finite):  # skipped: the shared model never sees it
-            agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh
-            continue
+            if not guard.passed(finite):  # skipped: the shared model never sees it
+                agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh
+                continue
 
-        ensure_shared_grads(model, shared_model, copy=on_gpu)
-        lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)
-        set_lr(optimizer, lr)  # --lr-schedule: this worker's copy of the settings
-        optimizer.step()
-        lap("optimizer")
+            ensure_shared_grads(model, shared_model, copy=on_gpu)
+            lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)
+            set_lr(optimizer, lr)  # --lr-schedule: this worker's copy of the settings
+            optimizer.step()
+            lap("optimizer")
 
-        stats.add(terms, squares)
-        if on_update is not None:
-            on_update(terms)
-        if time.monotonic() >= next_report:
-            send_report()
-            next_report = time.monotonic() + REPORT_SECONDS
-        lap("report")
-    send_report()
-    for env in envs:
-        env.close()
+            stats.add(terms, squares)
+            if on_update is not None:
+                on_update(terms)
+            if time.monotonic() >= next_report:
+                send_report()
+                next_report = time.monotonic() + REPORT_SECONDS
+            lap("report")
+        send_report()
+        for env in envs:
+            env.close()
+    finally:
+        unpin_shared_memory(pinned)
 
 
 def train(

@@ -10,6 +10,7 @@ times the env alone (random actions, the full wrapper stack), the floor of "act+
 
     python benchmarks/bench_step.py --seconds 30 --rounds 2
     python benchmarks/bench_step.py --modes fast fast,k16 fast,k16,bf16 reference
+    python benchmarks/bench_step.py --gpu-ids 0 --modes fast,k1 fast,k16 fast,k16,bf16
 """
 
 from __future__ import annotations
@@ -101,16 +102,23 @@ def env_alone(env_id: str, steps: int = 2000) -> float:
 
 
 def profile(
-    env_id: str, mode: str, seconds: float, warmup_updates: int, ops: int = 0
+    env_id: str,
+    mode: str,
+    seconds: float,
+    warmup_updates: int,
+    ops: int = 0,
+    gpu_ids: Sequence[int] = (-1,),
 ) -> dict[str, float]:
     """Milliseconds per agent step in each phase of the real worker loop.
+
+    With a GPU id in `gpu_ids`, the worker's model runs there (as ``main.py --gpu-ids``).
 
     With `ops`, also runs PyTorch's profiler over the timed part and prints the `ops` operators
     with the most self CPU time, in ms per agent step (the profiler adds its own overhead to
     every operator, so the phases' totals are the figures to quote; this says what is inside).
     """
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
-    config = parse_train_args([*flags, *mode_flags(mode)])
+    config = parse_train_args([*flags, *mode_flags(mode), "--gpu-ids", *map(str, gpu_ids)])
     env_conf = env_config(read_config(config.env_config), config.env)
     env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
     shared = build_model(env.observation_space, env.action_space, config.hidden_size)
@@ -162,10 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--ops", type=int, default=0, help="profile the first mode's N costliest operators"
     )
+    p.add_argument(
+        "--gpu-ids", type=int, nargs="+", default=[-1], help="as main.py's (-1: the CPU)"
+    )
     args = p.parse_args(argv)
+    gpu_flags = ["--gpu-ids", *map(str, args.gpu_ids)]
     for mode in args.modes:
         try:
-            refusal = main_py_refusal(["--env", args.env, *mode_flags(mode)])
+            refusal = main_py_refusal(["--env", args.env, *mode_flags(mode), *gpu_flags])
         except ValueError as err:
             refusal = str(err)
         if refusal is not None:
@@ -175,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"env alone: {env_alone(args.env):.2f} ms/step (wrappers included, random actions)")
     print(f"{'mode':16} " + " ".join(f"{ph:>9}" for ph in (*PHASES, "total")) + "  (ms/step)")
     if args.ops:
-        profile(args.env, args.modes[0], args.seconds, args.warmup_updates, args.ops)
+        profile(args.env, args.modes[0], args.seconds, args.warmup_updates, args.ops, args.gpu_ids)
     for _ in range(args.rounds):
         for mode in args.modes:
-            row = profile(args.env, mode, args.seconds, args.warmup_updates)
+            row = profile(args.env, mode, args.seconds, args.warmup_updates, 0, args.gpu_ids)
             print(f"{mode:16} " + " ".join(f"{row[ph]:9.2f}" for ph in (*PHASES, "total")))
     return 0
 

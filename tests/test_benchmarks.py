@@ -73,6 +73,29 @@ def test_bench_step_refuses_bf16_without_the_hardware_before_timing(monkeypatch,
     assert "\n" not in err
 
 
+def test_bench_step_checks_its_gpu_ids_as_main_py_would(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench_step, "profile", lambda *a, **k: pytest.fail("timed a refused mode"))
+    assert bench_step.main(["--gpu-ids", "0", "--modes", "fast,k16", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_step.py: error: mode fast,k16: --gpu-ids 0 asks for GPUs")
+    assert "\n" not in err
+
+
+def test_bench_step_times_the_worker_on_the_gpus_it_is_given(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(bench_step, "main_py_refusal", lambda flags: None)
+    monkeypatch.setattr(bench_step, "env_alone", lambda env: 1.0)
+
+    def profile(env, mode, seconds, warmup, ops=0, gpu_ids=(-1,)):
+        seen.append((mode, list(gpu_ids)))
+        return dict.fromkeys((*bench_step.PHASES, "total"), 0.0)
+
+    monkeypatch.setattr(bench_step, "profile", profile)
+    assert bench_step.main(["--gpu-ids", "0", "--modes", "fast,k16", "--rounds", "1"]) == 0
+    assert seen == [("fast,k16", [0])]
+
+
 @pytest.mark.parametrize(
     ("modes", "words"),
     [

@@ -19,9 +19,11 @@ from train import (
     a3c_loss,
     ensure_shared_grads,
     make_optimizer,
+    pin_shared_memory,
     run_worker,
     step_size_for,
     sync_weights,
+    unpin_shared_memory,
 )
 from utils import ProcessContext
 
@@ -206,6 +208,37 @@ def test_gpu_worker_updates_the_cpu_shared_model():
     losses, shared = worker_losses(args, updates=3)
     assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses)))
     assert all(p.device.type == "cpu" for p in shared.parameters())
+
+
+def shared_cartpole_model() -> torch.nn.Module:
+    args = make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
+    env.close()
+    return shared.share_memory()
+
+
+def test_pinning_is_a_no_op_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pin_shared_memory(shared_cartpole_model(), torch.device("cpu")) == []
+    unpin_shared_memory([])  # nothing registered: nothing to undo, no CUDA call
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_a_refused_pinning_leaves_no_error_behind_and_unpinning_releases():
+    shared, device = shared_cartpole_model(), torch.device("cuda", 0)
+    storages = {t.untyped_storage().data_ptr() for t in shared.state_dict().values()}
+    pinned = pin_shared_memory(shared, device)
+    assert sorted(pinned) == sorted(storages)
+    # A second registration of the same pages is refused by CUDA: nothing is registered and
+    # the refusal must not surface as the next kernel's error.
+    assert pin_shared_memory(shared, device) == []
+    assert torch.zeros((), device=device).item() == 0.0
+    unpin_shared_memory(pinned)
+    again = pin_shared_memory(shared, device)  # released: the same pages register again
+    assert sorted(again) == sorted(storages)
+    unpin_shared_memory(again)
 
 
 # -- fast path against the reference path ------------------------------------------------------
