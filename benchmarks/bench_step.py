@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(args.env, args.modes[0], args.seconds, args.warmup_updates, args.ops, args.gpu_ids)
     for _ in range(args.rounds):
         for mode in args.modes:
-            row = profile(args.env, mode, args.seconds, args.warmup_updates, 0, args.gpu_ids)
+            row = profile(args.env, mode, args.seconds, args.warmup_updates, gpu_ids=args.gpu_ids)
             print(f"{mode:16} " + " ".join(f"{row[ph]:9.2f}" for ph in (*PHASES, "total")))
     return 0
 

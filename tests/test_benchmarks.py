@@ -82,7 +82,7 @@ def test_bench_step_checks_its_gpu_ids_as_main_py_would(monkeypatch, capsys):
     assert "\n" not in err
 
 
-def test_bench_step_times_the_worker_on_the_gpus_it_is_given(monkeypatch, capsys):
+def test_bench_step_times_the_worker_on_the_gpus_it_is_given(monkeypatch):
     seen = []
     monkeypatch.setattr(bench_step, "main_py_refusal", lambda flags: None)
     monkeypatch.setattr(bench_step, "env_alone", lambda env: 1.0)

@@ -121,12 +121,23 @@ def test_distributed_step_sizes_are_dealt_round_robin():
 # -- the real worker loop ----------------------------------------------------------------------
 
 
-def worker_losses(args, updates: int, device: str = "cpu") -> tuple[list[float], torch.nn.Module]:
-    torch.manual_seed(args.seed)
+def shared_model_for(args) -> torch.nn.Module:
+    """The shared-memory CPU model for `args`' env, as main.py builds it."""
     env = make_env(args.env, crop(args.env), **env_kwargs(args))
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     env.close()
-    shared.share_memory()
+    return shared.share_memory()
+
+
+def shared_cartpole_model() -> torch.nn.Module:
+    return shared_model_for(
+        make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
+    )
+
+
+def worker_losses(args, updates: int, device: str = "cpu") -> tuple[list[float], torch.nn.Module]:
+    torch.manual_seed(args.seed)
+    shared = shared_model_for(args)
     optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
     optimizer.share_memory()
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=updates * args.num_steps)
@@ -208,14 +219,6 @@ def test_gpu_worker_updates_the_cpu_shared_model():
     losses, shared = worker_losses(args, updates=3)
     assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses)))
     assert all(p.device.type == "cpu" for p in shared.parameters())
-
-
-def shared_cartpole_model() -> torch.nn.Module:
-    args = make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
-    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
-    env.close()
-    return shared.share_memory()
 
 
 def test_pinning_is_a_no_op_without_cuda(monkeypatch):
