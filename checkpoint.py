@@ -136,8 +136,26 @@ def write_json_atomic(obj: Any, path: str | Path) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
+# How every file torch.save writes begins: a zip archive, or (the legacy format) a pickle
+# of protocol 2 or later. Anything else (a text file, an image) is not a PyTorch file at all,
+# which the unpickler would report as "unsupported" pickled content.
+_TORCH_FILE_STARTS = (b"PK", b"\x80")
+
+
 def _torch_load(path: Path, what: str) -> Any:
     """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors."""
+    try:
+        with path.open("rb") as file:
+            start = file.read(2)
+    except OSError as err:
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {err.strerror}") from None
+    if not start:
+        raise UsageError(f"{what} {str(path)!r} is empty; use an intact file")
+    if not start.startswith(_TORCH_FILE_STARTS):
+        raise UsageError(
+            f"{what} {str(path)!r} is not a PyTorch file (it begins {start!r}); use a .dat "
+            "or training state A3G wrote"
+        )
     try:
         with warnings.catch_warnings():  # our one-line error says it all
             warnings.simplefilter("ignore")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from environment import check_sticky_probability
+from environment import DEFAULT_CONFIG, check_sticky_probability
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
@@ -55,7 +55,11 @@ class CommonConfig:
     """The flags main.py and gym_eval.py share: the game, its env, the network, the folders."""
 
     env: str = flag(DEFAULT_ENV, "-ev", help="gymnasium environment id")
-    env_config: str = flag("config.json", "-evc", help="per-game crop settings (JSON)")
+    env_config: str = flag(
+        DEFAULT_CONFIG,
+        "-evc",
+        help="per-game crop settings (JSON); without one in the current folder, the shipped one",
+    )
     seed: int = flag(1, "-s", help="random seed; training worker RANK uses seed + RANK")
     max_episode_length: int = flag(
         10000, "-mel", help="agent steps before an episode (a game, in gym_eval) is cut"

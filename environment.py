@@ -40,11 +40,17 @@ entries also hold ``dimension2``, which nothing reads (the frame is always resiz
 it is allowed and ignored."""
 
 
+DEFAULT_CONFIG = "config.json"
+"""`--env-config`'s default. Where the current folder holds no such file (the scripts run
+from another folder), the one shipped beside this module is read instead."""
+
+
 def read_config(path: str | Path) -> dict[str, dict[str, int]]:
     """Read and validate the per-game crop settings.
 
     Args:
-        path: the JSON file (`config.json` by default on the command line).
+        path: the JSON file (`DEFAULT_CONFIG` by default on the command line: that name in the
+            current folder, else the shipped file beside this module).
 
     Returns:
         A mapping from a game-name fragment (e.g. ``"Pong"``) to its
@@ -54,6 +60,8 @@ def read_config(path: str | Path) -> dict[str, dict[str, int]]:
         UsageError: the file is missing, is not JSON, or an entry is malformed.
     """
     path = Path(path)
+    if path == Path(DEFAULT_CONFIG) and not path.exists():
+        path = Path(__file__).with_name(DEFAULT_CONFIG)
     try:
         text = path.read_text()
     except FileNotFoundError:

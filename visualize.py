@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 
 from checkpoint import env_file_stem
-from environment import env_config, read_config
+from environment import DEFAULT_CONFIG, env_config, read_config
 from utils import OneLineParser, UsageError, format_elapsed
 
 LINE = re.compile(
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--window", type=int, default=20, help="moving-average window (games)")
     view = sub.add_parser("view", help="PNG of a raw frame beside the processed 80x80 input")
     view.add_argument("--env", "-ev", default="PongNoFrameskip-v4", help="Atari id")
-    view.add_argument("--env-config", "-evc", default="config.json", help="crop settings")
+    view.add_argument("--env-config", "-evc", default=DEFAULT_CONFIG, help="crop settings")
     view.add_argument("--steps", type=int, default=60, help="random steps before the snapshot")
     view.add_argument("--seed", type=int, default=0, help="game and action seed")
     view.add_argument("--out", help="PNG path (default: demo/<env>_view.png)")

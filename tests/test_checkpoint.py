@@ -16,6 +16,7 @@ from checkpoint import (
     TrainingState,
     current_umask,
     env_file_stem,
+    load_weights,
     save_atomic,
     write_atomic,
     write_json_atomic,
@@ -148,6 +149,23 @@ def test_a_file_that_is_not_a_state_is_refused(tmp_path):
     path = tmp_path / "x_state.pt"
     torch.save({"w": torch.ones(1)}, path)
     with pytest.raises(UsageError, match="is not an A3G training-state file"):
+        TrainingState.load(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty; use an intact file"),
+        (b"# A3G\n", r"is not a PyTorch file \(it begins b'# '\)"),
+        (b"PK\x03\x04 half an archive", "is truncated or not a PyTorch file"),
+    ],
+)
+def test_a_file_that_is_not_weights_gets_a_message_that_says_what_it_is(tmp_path, content, message):
+    path = tmp_path / "Pong.dat"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=message):
+        load_weights(torch.nn.Linear(1, 1), path)
+    with pytest.raises(UsageError, match=message):
         TrainingState.load(path)
 
 

@@ -508,6 +508,13 @@ def test_missing_config_names_the_path_and_the_flag(tmp_path):
         read_config(tmp_path / "nope.json")
 
 
+def test_the_default_config_is_found_beside_the_code_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert read_config("config.json") == read_config(ROOT / "config.json")
+    (tmp_path / "config.json").write_text('{"Default": {"crop1": 30, "crop2": 30}}')
+    assert read_config("config.json") == {"Default": {"crop1": 30, "crop2": 30}}  # the user's own
+
+
 def test_config_round_trips_through_json(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(json.loads((ROOT / "config.json").read_text())))

@@ -573,6 +573,8 @@ def bad_dat_files(folder: Path) -> dict[str, tuple[str, str]]:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     place("truncated", truncated, "is truncated or not a PyTorch file")
+    place("empty", lambda p: p.write_bytes(b""), "is empty; use an intact file")
+    place("text", lambda p: p.write_text("weights\n"), "is not a PyTorch file (it begins b'we')")
     breakout = A3Clstm(1, gym.spaces.Discrete(4), 32).state_dict()
     place("other-game", lambda p: torch.save(breakout, p), "saved for a game with 4 actions")
     bigger = A3Clstm(1, gym.spaces.Discrete(6), 64).state_dict()
