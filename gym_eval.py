@@ -26,7 +26,7 @@ from checkpoint import LAST_SAVE_SUFFIX, checkpoint_path, env_file_stem, load_we
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
-from monitor import run_totals
+from monitor import counted_sittings, run_totals
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
 from utils import UsageError, check_gpus, setup_logger, worker_device
 from visualize import write_gif
@@ -143,7 +143,8 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     of a ``--save-max`` run) has its run's ``<env>_run.json``. Frames and seconds are the
     whole run's, every sitting of it together (`monitor.run_totals`); ``command`` is its first
     sitting's and ``commands`` every sitting's in order (the later ones resumed it with
-    ``--load``, some with other flags: a new lr, another precision on another machine).
+    ``--load``, some with other flags: a new lr, another precision on another machine), up to
+    the last that finished (`monitor.counted_sittings`: one still running is not counted).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     if not path.exists() and model_path.stem.endswith(LAST_SAVE_SUFFIX):
@@ -155,7 +156,7 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     if not isinstance(record, dict):
         return None
     totals = run_totals(record)
-    sittings = [s for s in [*(record.get("previous_runs") or []), record] if isinstance(s, dict)]
+    sittings = counted_sittings(record)
     return {
         "frames": totals["frames"],
         "seconds": totals["seconds"],

@@ -74,27 +74,47 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def finished_frames(sitting: dict[str, Any]) -> bool:
+    """Whether a run record's sitting ended with its figures written (frames at least)."""
+    finished = sitting.get("finished")
+    return isinstance(finished, dict) and finished.get("frames") is not None
+
+
+def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sittings of a run record, oldest first, up to the last one that finished.
+
+    A record is read while its run goes on (an evaluation of the last weights, say): the
+    sitting still running, and any that crashed after the last finished one, left nothing in
+    those weights. Where no sitting finished, all of them.
+    """
+    sittings = [*(record.get("previous_runs") or []), record]
+    sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
+    ends = [i for i, sitting in enumerate(sittings) if finished_frames(sitting)]
+    return sittings[: ends[-1] + 1] if ends else sittings
+
+
 def run_totals(record: dict[str, Any]) -> dict[str, Any]:
     """Frames and seconds of a whole run from its record, every sitting in `previous_runs` too.
 
     A sitting resumed from its training state (``resumed_from`` set) goes on counting, so its
     figures include the sittings before it; one started afresh (the first, or one started from
     a ``.dat`` alone on a new machine) counts from 0. The run's totals are the sum of the last
-    figures of each such chain of sittings. A sitting that never finished adds nothing.
+    figures of each such chain of sittings. A sitting that never finished adds nothing, and
+    those after the last one that finished (a sitting still running while an evaluation reads
+    the record) are not counted at all: their training is not in the weights being described.
 
     Returns:
-        ``frames`` and ``seconds`` (None where no sitting finished), ``sittings`` and
-        ``restarts`` (sittings that started afresh after the first).
+        ``frames`` and ``seconds`` (None where no sitting finished), ``sittings`` (counted
+        from the first to the last that finished; all of them where none did) and
+        ``restarts`` (sittings among those that started afresh after the first).
     """
-    sittings = [*(record.get("previous_runs") or []), record]
-    sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
+    sittings = counted_sittings(record)
     chains: list[dict[str, Any]] = []
     for sitting in sittings:
         if sitting.get("resumed_from") is None or not chains:
             chains.append({})
-        finished = sitting.get("finished")
-        if isinstance(finished, dict) and finished.get("frames") is not None:
-            chains[-1] = finished
+        if finished_frames(sitting):
+            chains[-1] = sitting["finished"]
     done = [chain for chain in chains if chain]
     seconds = [chain["seconds"] for chain in done if chain.get("seconds") is not None]
     return {

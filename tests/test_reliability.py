@@ -234,6 +234,13 @@ def test_run_totals_add_the_chains_of_sittings():
     odd = {"previous_runs": None, "finished": [1]}
     assert run_totals(odd) == {"frames": None, "seconds": None, "sittings": 1, "restarts": 0}
     assert run_totals({**record, "previous_runs": [*history, "?"]})["frames"] == 290
+    # Read while a sitting runs (an evaluation of the last weights): the running sitting left
+    # nothing in those weights and is not counted; the crashed restart before a finished
+    # sitting is (its training went on in the next).
+    running = {**sitting(False, None), "previous_runs": [*history, sitting(True, 40, 2.0)]}
+    assert run_totals(running) == {"frames": 290, "seconds": 5.0, "sittings": 4, "restarts": 1}
+    later = {**sitting(True, None), "previous_runs": [sitting(False, 100, 1.0)]}
+    assert run_totals(later) == {"frames": 100, "seconds": 1.0, "sittings": 1, "restarts": 0}
 
 
 def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
@@ -252,6 +259,17 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
     assert (training["frames"], training["seconds"], training["sittings"]) == (300, 150.0, 2)
     assert training["command"] == "python main.py --first" and training["restarts"] == 0
     assert training["commands"] == ["python main.py --first", "python main.py --first --load"]
+    # A third sitting still running when the evaluation reads the record is not counted.
+    third = {"command": "python main.py --first --load", "resumed_from": "state.pt"}
+    going = {
+        **third,
+        "previous_runs": [first, {k: v for k, v in record.items() if k != "previous_runs"}],
+    }
+    (tmp_path / "Game_run.json").write_text(json.dumps(going))
+    training = training_record(str(tmp_path), Path("Game.dat"))
+    assert training is not None and (training["frames"], training["sittings"]) == (300, 2)
+    assert len(training["commands"]) == 2
+    (tmp_path / "Game_run.json").write_text(json.dumps(record))
     assert training_record(str(tmp_path), Path("Other.dat")) is None
     # A --save-max run's shutdown save, <env>_last.dat, is its run's too.
     last = training_record(str(tmp_path), Path("Game_last.dat"))
