@@ -74,7 +74,7 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
-def finished_frames(sitting: dict[str, Any]) -> bool:
+def has_finished(sitting: dict[str, Any]) -> bool:
     """Whether a run record's sitting ended with its figures written (frames at least)."""
     finished = sitting.get("finished")
     return isinstance(finished, dict) and finished.get("frames") is not None
@@ -89,7 +89,7 @@ def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
     """
     sittings = [*(record.get("previous_runs") or []), record]
     sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
-    ends = [i for i, sitting in enumerate(sittings) if finished_frames(sitting)]
+    ends = [i for i, sitting in enumerate(sittings) if has_finished(sitting)]
     return sittings[: ends[-1] + 1] if ends else sittings
 
 
@@ -113,7 +113,7 @@ def run_totals(record: dict[str, Any]) -> dict[str, Any]:
     for sitting in sittings:
         if sitting.get("resumed_from") is None or not chains:
             chains.append({})
-        if finished_frames(sitting):
+        if has_finished(sitting):
             chains[-1] = sitting["finished"]
     done = [chain for chain in chains if chain]
     seconds = [chain["seconds"] for chain in done if chain.get("seconds") is not None]
