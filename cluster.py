@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent
 
 RAY_EXCLUDES = [
     ".git", ".ci", "trained_models", "logs", "runs", "demo", "docs", "tests", "benchmarks",
-    "__pycache__", "*.dat", "*.pt", "*.gif", "*.mp4", "*.png",
+    "__pycache__", ".venv", "venv", "*.dat", "*.pt", "*.gif", "*.mp4", "*.png",
 ]  # fmt: skip
 """What the other machines do not need from this checkout (Ray's ``working_dir`` upload)."""
 
@@ -1117,13 +1117,20 @@ class ClusterRun:
 
     def stop(self) -> None:
         """Stop every node, wait for its last exchange, pull the final weights, record it all."""
+        started = time.monotonic()
+        stopping = len(self.runs)
         for node_id in self.runs.values():
             self.actors[node_id].stop.remote()
-        deadline = time.monotonic() + STOP_SECONDS
+        deadline = started + STOP_SECONDS
         while self.runs and time.monotonic() < deadline:
             done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
             for ref in done:
                 self._settle(self.runs.pop(ref), ref)
+        stop_seconds = time.monotonic() - started
+        self.log.info(
+            f"cluster: {stopping - len(self.runs)} of {stopping} nodes stopped and made their "
+            f"last exchange in {stop_seconds:.1f} s"
+        )
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
             self.log.error(
@@ -1150,6 +1157,7 @@ class ClusterRun:
             ],
             **stats,
             "sync_interval": self.config.sync_interval,
+            "stop_seconds": round(stop_seconds, 2),
             "starts": self.starts,
             "finished": self.finished,
             "lost": self.lost,

@@ -118,7 +118,12 @@ def resume_from(
                 f"resume: optimizer {key} was {saved_value} in the training state; "
                 f"this run uses {value} (from the command line)"
             )
-    if cluster:
+    if cluster and config.exchange_statistics:
+        statistics = (
+            "optimizer statistics start afresh on the nodes and the server "
+            "(--exchange-statistics: the server's are not saved)"
+        )
+    elif cluster:
         statistics = "optimizer statistics start afresh on each node (they stay on the nodes)"
     elif optimizer is None:
         statistics = "optimizer statistics start afresh in each worker (--no-shared-optimizer)"

@@ -4,10 +4,13 @@ Starts Ray's one-machine cluster (a head and one more node, loopback only), then
 ``main.py`` in turn: the single-machine launcher with ``--workers 2``, and ``--ray-address``
 with 1 worker on each of the 2 nodes, for ``--seconds`` each, ``--rounds`` times alternately,
 reading raw frames/s from the status lines after ``--warmup`` seconds (as
-``bench_training.py``). The same training flags go to both. Prints and writes JSON; nothing
-is asserted. The issue's target: the cluster at >= 0.9x the single machine's frames/s.
+``bench_training.py``). The same training flags go to both; ``--cluster-flags`` go to the
+cluster run alone (its opt-in exchange modes). Prints and writes JSON; nothing is asserted.
+The issue's target: the cluster at >= 0.9x the single machine's frames/s.
 
     python benchmarks/bench_cluster_overhead.py --seconds 90 --rounds 2 --flags=--amsgrad
+    python benchmarks/bench_cluster_overhead.py --sync-interval 1 \
+        --flags="--envs-per-worker 8 --amsgrad" --cluster-flags=--exchange-statistics
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sync-interval", type=float, default=3.0)
     parser.add_argument("--flags", default="", help="extra main.py flags for both, quoted")
+    parser.add_argument(
+        "--cluster-flags", default="", help="extra main.py flags for the cluster run, quoted"
+    )
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
 
@@ -50,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             runs["single"].append(single["frames_per_s"])
             clustered = run_once(
                 [*common, "--workers", "1", "--ray-address", cluster.address,
-                 "--sync-interval", str(args.sync_interval)],
+                 "--sync-interval", str(args.sync_interval), *shlex.split(args.cluster_flags)],
                 args.seconds, args.warmup, 5,
             )  # fmt: skip
             runs["cluster"].append(clustered["frames_per_s"])
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "cpu": _cpu_name(),
         "flags": args.flags,
+        "cluster_flags": args.cluster_flags,
         "seconds": args.seconds,
         "sync_interval": args.sync_interval,
         "frames_per_s": {k: [round(v) for v in vs] for k, vs in runs.items()},

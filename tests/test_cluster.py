@@ -559,6 +559,18 @@ def actor_processes(
 EVERY_ACTOR = ("NodeLauncher", "ParameterServer")
 
 
+def descendants(pid: int, table: dict | None = None) -> set[int]:
+    """Every live process below `pid` (children, theirs, ...) in ``table`` or a fresh one:
+    a driver's test process and multiprocessing's helpers."""
+    table = live_processes() if table is None else table
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, (parent, _, _) in table.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
 def wait_until(predicate, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -592,6 +604,21 @@ def test_without_the_clusters_token_main_says_what_to_set(ray_cluster, tmp_path,
     assert result.stderr.strip().endswith(ours[0])
     assert "RAY_AUTH_MODE=token" in ours[0] and "RAY_AUTH_TOKEN" in ours[0], ours
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.slow
+def test_more_nodes_than_the_cluster_has_alive_is_one_line_and_exit_2(ray_cluster, tmp_path):
+    result = run_cli(
+        "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address, "--nodes", "3",
+        *folders(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    ours = [line for line in result.stderr.splitlines() if line.startswith("main.py:")]
+    assert ours == [
+        "main.py: error: --nodes 3 asks for more machines than the cluster has alive (2); "
+        "pass --nodes 2 or fewer, or add nodes with 'ray start --address ...'"
+    ], result.stderr[-3000:]
+    assert not list((tmp_path / "models").glob("*.dat"))
 
 
 @pytest.mark.slow
@@ -758,10 +785,16 @@ def test_ctrl_c_or_sigterm_on_the_driver_stops_every_node_and_saves(ray_cluster,
         snapshot = live_processes()  # one snapshot: a worker may start between two
         running = set(actor_processes(EVERY_ACTOR, snapshot))
         assert running > set(actor_processes(table=snapshot))  # the server's process is found too
+        on_the_head = descendants(run.proc.pid, snapshot)  # the test process, at least
+        assert on_the_head
+        running |= on_the_head
     finally:
         run.stop(signum)
     cluster = run.cluster_record()  # exit code 0
     assert f"stopped: {signal.Signals(signum).name} received" in run.stderr()
+    # How long the nodes took to stop is logged and recorded (reported, not asserted on).
+    assert "nodes stopped and made their last exchange in" in run.stderr()
+    assert 0 < cluster["stop_seconds"] <= 60
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert len(cluster["finished"]) == 2
     assert all(result["matches_server"] is True for result in cluster["finished"].values())
@@ -773,10 +806,11 @@ def test_a_sigkilled_driver_leaves_nothing_running_on_any_node(ray_cluster, tmp_
     run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
         wait_until(lambda: len(actor_processes()) >= 4, 120, "two node launchers and workers")
-        running = set(actor_processes(EVERY_ACTOR))
+        wait_until(lambda: descendants(run.proc.pid), 60, "the driver's test process")
+        running = set(actor_processes(EVERY_ACTOR)) | descendants(run.proc.pid)
     finally:
         run.proc.kill()
         run.proc.wait(timeout=30)
     # Ray ends the actors the dead driver owned (the server too); the workers see their
-    # launcher gone.
-    wait_until(lambda: not running & set(actor_processes(EVERY_ACTOR)), 60, "every process")
+    # launcher gone, and so does the driver's own test process on the head.
+    wait_until(lambda: not running & set(live_processes()), 60, "every process")
