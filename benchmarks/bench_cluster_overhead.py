@@ -1,12 +1,13 @@
-"""The cluster path's overhead on one box: 2 Ray nodes x 1 worker against 2 workers without Ray.
+"""The cluster path's overhead on one box: 2 Ray nodes x W workers against 2W without Ray.
 
 Starts Ray's one-machine cluster (a head and one more node, loopback only), then times
-``main.py`` in turn: the single-machine launcher with ``--workers 2``, and ``--ray-address``
-with 1 worker on each of the 2 nodes, for ``--seconds`` each, ``--rounds`` times alternately,
-reading raw frames/s from the status lines after ``--warmup`` seconds (as
-``bench_training.py``). The same training flags go to both; ``--cluster-flags`` go to the
-cluster run alone (its opt-in exchange modes). Prints and writes JSON; nothing is asserted.
-The issue's target: the cluster at >= 0.9x the single machine's frames/s.
+``main.py`` in turn: the single-machine launcher with ``--workers 2W``, and ``--ray-address``
+with W workers (``--node-workers``, default 1) on each of the 2 nodes, for ``--seconds``
+each, ``--rounds`` times alternately, reading raw frames/s from the status lines after
+``--warmup`` seconds (as ``bench_training.py``). The same training flags go to both;
+``--cluster-flags`` go to the cluster run alone (its opt-in exchange modes). Prints and
+writes JSON; nothing is asserted. The issue's target: the cluster at >= 0.9x the single
+machine's frames/s.
 
     python benchmarks/bench_cluster_overhead.py --seconds 90 --rounds 2 --flags=--amsgrad
     python benchmarks/bench_cluster_overhead.py --sync-interval 1 \
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=30)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sync-interval", type=float, default=3.0)
+    parser.add_argument(
+        "--node-workers", type=int, default=1,
+        help="workers on each of the 2 nodes; the single machine gets twice as many",
+    )  # fmt: skip
     parser.add_argument("--flags", default="", help="extra main.py flags for both, quoted")
     parser.add_argument(
         "--cluster-flags", default="", help="extra main.py flags for the cluster run, quoted"
@@ -52,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[float]] = {"single": [], "cluster": []}
     try:
         for _ in range(args.rounds):
-            single = run_once([*common, "--workers", "2"], args.seconds, args.warmup, 5)
+            single = run_once(
+                [*common, "--workers", str(2 * args.node_workers)], args.seconds, args.warmup, 5
+            )
             runs["single"].append(single["frames_per_s"])
             clustered = run_once(
-                [*common, "--workers", "1", "--ray-address", cluster.address,
+                [*common, "--workers", str(args.node_workers), "--ray-address", cluster.address,
                  "--sync-interval", str(args.sync_interval), *shlex.split(args.cluster_flags)],
                 args.seconds, args.warmup, 5,
             )  # fmt: skip
@@ -75,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         "cluster_flags": args.cluster_flags,
         "seconds": args.seconds,
         "sync_interval": args.sync_interval,
+        "node_workers": args.node_workers,
         "frames_per_s": {k: [round(v) for v in vs] for k, vs in runs.items()},
         "cluster_over_single": round(ratio, 3),
     }

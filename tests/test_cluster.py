@@ -660,6 +660,7 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"step {record['finished']['steps']:,}" in resumed.stderr  # resumed from its count
+    assert "optimizer statistics start afresh on each node" in resumed.stderr
     assert "exchanges every 1 s (fp16)" in resumed.stderr
     again = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert again["finished"]["steps"] >= 1200
