@@ -795,7 +795,7 @@ def test_ctrl_c_or_sigterm_on_the_driver_stops_every_node_and_saves(ray_cluster,
     assert f"stopped: {signal.Signals(signum).name} received" in run.stderr()
     # How long the nodes took to stop is logged and recorded (reported, not asserted on).
     assert "nodes stopped and made their last exchange in" in run.stderr()
-    assert 0 < cluster["stop_seconds"] <= 60
+    assert cluster["stop_seconds"] > 0
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert len(cluster["finished"]) == 2
     assert all(result["matches_server"] is True for result in cluster["finished"].values())
