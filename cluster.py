@@ -994,8 +994,11 @@ class ClusterRun:
             if node_id in running or node_id in self.finished or node_id in self.refused:
                 continue
             starts = self.starts.get(node_id, 0)
-            recent = now - self.lost_at.get(node_id, -math.inf) < RESTART_SECONDS
-            if starts >= MAX_STARTS or (recent and running):
+            restart_at = self.lost_at.get(node_id, -math.inf) + RESTART_SECONDS
+            if starts >= MAX_STARTS:
+                continue
+            if now < restart_at and running:
+                self.next_adopt = min(self.next_adopt, restart_at)  # look again then
                 continue
             self._start(node)
             running.add(node_id)
