@@ -346,8 +346,9 @@ class ParameterServer:
         bytes_exchanged: bytes pushed and pulled, all nodes together.
         round_trips: each node's (exchanges timed, their total milliseconds).
         recent_round_trips: all nodes' (exchanges timed, total milliseconds) since the
-            driver's last `pull`, each node's first timed exchange left out (its workers
+            driver's last `pull`, each launcher's first timed exchange left out (its workers
             were starting).
+        timed: the (node, generation) of each launcher that has reported a round trip.
         reports: workers' training summaries sent with the pushes, until the driver takes them.
         views: for each node exchanging in fp16, the weights it holds as the server's (its
             `WeightSync.snapshot`, to the bit): one float32 copy of the model per such node.
@@ -367,6 +368,7 @@ class ParameterServer:
         self.bytes_exchanged = 0
         self.round_trips: dict[str, tuple[int, float]] = {}
         self.recent_round_trips = (0, 0.0)
+        self.timed: set[tuple[str, int]] = set()
         self.reports: list[dict[str, Any]] = []
         self.views: dict[str, np.ndarray] = {}
         self.generations: dict[str, int] = {}  # node -> how many launchers joined from it
@@ -429,9 +431,10 @@ class ParameterServer:
         if last_round_trip_ms is not None:
             count, total = self.round_trips.get(node, (0, 0.0))
             self.round_trips[node] = (count + 1, total + last_round_trip_ms)
-            if count:
+            if (node, generation) in self.timed:
                 count, total = self.recent_round_trips
                 self.recent_round_trips = (count + 1, total + last_round_trip_ms)
+            self.timed.add((node, generation))
         if reports:
             self.reports.extend(reports)
         if last:
@@ -840,10 +843,11 @@ def connect(ray: Any, address: str) -> None:
         ) from None
     except ConnectionError as err:
         if where:  # it took our connection above: Ray says no more than this to a wrong token
-            raise UsageError(
-                f"--ray-address {address}: a Ray cluster is there but refused this process "
-                f"({err}), as it does when its authentication token is missing or wrong; "
-                f"{TOKEN_FIX}"
+            raise UsageError(  # ... and to a port that is not the cluster's (the dashboard's)
+                f"--ray-address {address}: something answers there but Ray could not join it "
+                f"({err}): either the cluster wants its authentication token ({TOKEN_FIX}), "
+                "or this is not the cluster's address (the one 'ray start --head' printed, "
+                "port 6379 by default; not the dashboard's 8265 or the client's 10001)"
             ) from None
         raise UsageError(no_cluster(address, str(err))) from None
 
@@ -1049,24 +1053,25 @@ class ClusterRun:
         """Every supervision round: nodes that ended or died, new launchers, weights.
 
         Notes the launchers that ended or were lost; every `ADOPT_SECONDS` (and at once when
-        the last one was lost) starts launchers on alive nodes without one (`_adopt`); pulls
-        the weights when due.
+        none is left) starts launchers on alive nodes without one (`_adopt`); pulls the
+        weights when due.
         """
         done = []
         if self.runs:
             done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
         ended = [(self.runs.pop(ref), ref) for ref in done]  # all out first: `_settle` counts
-        lost = [self._settle(node_id, ref) for node_id, ref in ended]
+        for node_id, ref in ended:
+            self._settle(node_id, ref)
         # After a loss, wait for the next round unless no launcher is left: Ray may list a
-        # dying machine as alive for some seconds, and a start there would fail.
+        # dying machine as alive for some seconds, and a start there would fail. With none
+        # left (the last one lost, failed or finished), look at once: a node still waiting
+        # its restart starts now rather than the run ending without it.
         if not self.launcher.ctx.stopping() and (
-            time.monotonic() >= self.next_adopt or (any(lost) and not self.runs)
+            time.monotonic() >= self.next_adopt or not self.runs
         ):
             self._adopt()
         if not self.runs and not self.launcher.ctx.stopping():
-            self.launcher.stop_reason = self.launcher.stop_reason or (
-                "every node stopped" if self.finished else "every node was lost"
-            )
+            self.launcher.stop_reason = self.launcher.stop_reason or self._why_none_left()
             self.launcher.failed = all(r["failed"] for r in self.finished.values())
             self.launcher.ctx.request_stop()
         if time.monotonic() >= self.next_pull:
@@ -1078,6 +1083,14 @@ class ClusterRun:
                 self.launcher.failed = True
                 self.launcher.ctx.request_stop()
             self.next_pull = time.monotonic() + self.config.sync_interval
+
+    def _why_none_left(self) -> str:
+        """The stop reason when no launcher is left and none can start."""
+        if self.finished:
+            return "every node stopped"
+        if set(self.lost) <= self.refused:
+            return "no node could start its launcher"
+        return "every node was lost"
 
     def _settle(self, node_id: str, ref: Any) -> bool:
         """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
@@ -1125,14 +1138,18 @@ class ClusterRun:
         for node_id in self.runs.values():
             self.actors[node_id].stop.remote()
         deadline = started + STOP_SECONDS
+        exchanged = lost = 0
         while self.runs and time.monotonic() < deadline:
             done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
             for ref in done:
-                self._settle(self.runs.pop(ref), ref)
+                if self._settle(self.runs.pop(ref), ref):
+                    lost += 1
+                else:
+                    exchanged += 1
         stop_seconds = time.monotonic() - started
         self.log.info(
-            f"cluster: {stopping - len(self.runs)} of {stopping} nodes stopped and made their "
-            f"last exchange in {stop_seconds:.1f} s"
+            f"cluster: {exchanged} of {stopping} nodes stopped and made their last exchange in "
+            f"{stop_seconds:.1f} s" + (f" ({lost} lost while stopping)" if lost else "")
         )
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"

@@ -229,7 +229,8 @@ class RunMonitor:
             self.test_normalizer = normalizer
             self._test_game(payload)
         elif kind == "train":
-            self.worker_normalizers[int(payload["rank"])] = normalizer
+            if normalizer is not None:  # a cluster's reports carry none: keep what was saved
+                self.worker_normalizers[int(payload["rank"])] = normalizer
             self.train_window.append(payload)
 
     def restore(self, state: TrainingState) -> None:

@@ -5,7 +5,10 @@ Starts Ray's one-machine cluster (a head and one more node, loopback only), then
 with W workers (``--node-workers``, default 1) on each of the 2 nodes, for ``--seconds``
 each, ``--rounds`` times alternately, reading raw frames/s from the status lines after
 ``--warmup`` seconds (as ``bench_training.py``). The same training flags go to both;
-``--cluster-flags`` go to the cluster run alone (its opt-in exchange modes). Prints and
+``--cluster-flags`` go to the cluster run alone (its opt-in exchange modes). Each run also
+reports where the machine's CPU went over the same window (`cpu_by_role`: seconds of CPU
+per core-second for the workers, the test process, the launcher or driver, the node
+launchers, the parameter server and Ray's own processes), read from ``/proc``. Prints and
 writes JSON; nothing is asserted. The issue's target: the cluster at >= 0.9x the single
 machine's frames/s.
 
@@ -22,6 +25,7 @@ import os
 import shlex
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +35,69 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
 from bench_training import run_once  # noqa: E402
+
+CPU_ROLES = (
+    ("Train Agent", "workers"),
+    ("Test Agent", "test process"),
+    ("ray::NodeLauncher", "node launchers"),
+    ("ray::ParameterServer", "parameter server"),
+    ("raylet", "raylets"),
+    ("gcs_server", "Ray GCS"),
+    ("main.py", "launcher or driver"),
+    ("ray", "Ray's other processes"),
+)
+"""A process's role by the first of these found in its command line (or title)."""
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process on the machine: pid -> (role, CPU seconds so far, user and system)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        who = next((name for key, name in CPU_ROLES if key in cmd), "other")
+        out[int(stat.parent.name)] = (who, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def cpu_by_role(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
+) -> dict[str, float]:
+    """Cores used by each role between two `cpu_seconds` readings `seconds` apart.
+
+    Processes alive at both readings count (one that started or ended between them does
+    not), so the figures are the steady state's.
+    """
+    used: dict[str, float] = {}
+    for pid, (who, end) in after.items():
+        if pid in before and before[pid][0] == who:
+            used[who] = used.get(who, 0.0) + (end - before[pid][1]) / seconds
+    return {who: round(cores, 3) for who, cores in sorted(used.items(), key=lambda kv: -kv[1])}
+
+
+def timed_run(flags: list[str], seconds: float, warmup: float) -> dict:
+    """`run_once`, plus the CPU each role used from the warm-up to near the end."""
+    readings: list[tuple[float, dict]] = []
+
+    def read_at(delays: tuple[float, float]) -> None:
+        start = time.monotonic()
+        for delay in delays:
+            time.sleep(max(0.0, start + delay - time.monotonic()))
+            readings.append((time.monotonic(), cpu_seconds()))
+
+    reader = threading.Thread(target=read_at, args=((warmup, seconds - 3),), daemon=True)
+    reader.start()
+    result = run_once(flags, seconds, warmup, 5)
+    reader.join()
+    if len(readings) == 2:
+        (t0, before), (t1, after) = readings
+        result["cpu_by_role"] = cpu_by_role(before, after, t1 - t0)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,21 +122,28 @@ def main(argv: list[str] | None = None) -> int:
     cluster = start_one_machine_cluster(2)
     common = ["--env", args.env, *shlex.split(args.flags), "--status-interval", "5"]
     runs: dict[str, list[float]] = {"single": [], "cluster": []}
+    cpu: dict[str, list[dict[str, float]]] = {"single": [], "cluster": []}
+    windows: dict[str, list[float]] = {"single": [], "cluster": []}
     try:
         for _ in range(args.rounds):
-            single = run_once(
-                [*common, "--workers", str(2 * args.node_workers)], args.seconds, args.warmup, 5
+            single = timed_run(
+                [*common, "--workers", str(2 * args.node_workers)], args.seconds, args.warmup
             )
             runs["single"].append(single["frames_per_s"])
-            clustered = run_once(
+            cpu["single"].append(single.get("cpu_by_role", {}))
+            windows["single"].append(single["window_s"])
+            clustered = timed_run(
                 [*common, "--workers", str(args.node_workers), "--ray-address", cluster.address,
                  "--sync-interval", str(args.sync_interval), *shlex.split(args.cluster_flags)],
-                args.seconds, args.warmup, 5,
+                args.seconds, args.warmup,
             )  # fmt: skip
             runs["cluster"].append(clustered["frames_per_s"])
+            cpu["cluster"].append(clustered.get("cpu_by_role", {}))
+            windows["cluster"].append(clustered["window_s"])
             print(
                 f"single {single['frames_per_s']:,.0f} frames/s, cluster "
-                f"{clustered['frames_per_s']:,.0f} frames/s",
+                f"{clustered['frames_per_s']:,.0f} frames/s; cores used: single "
+                f"{cpu['single'][-1]}, cluster {cpu['cluster'][-1]}",
                 flush=True,
             )
     finally:
@@ -85,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         "node_workers": args.node_workers,
         "frames_per_s": {k: [round(v) for v in vs] for k, vs in runs.items()},
         "cluster_over_single": round(ratio, 3),
+        "window_s": windows,
+        "cpu_by_role": cpu,
     }
     print(json.dumps(result, indent=2))
     if args.json:

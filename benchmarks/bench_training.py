@@ -96,9 +96,14 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
             sys.executable, "main.py", *flags, "--status-interval", str(status),
             "--save-model-dir", tmp, "--log-dir", tmp,
         ]  # fmt: skip
+        # A process group of its own (the stop below signals it), but this session: Linux's
+        # autogroup shares the CPU fairly between sessions, so main.py in a session of its
+        # own would hold its test process's share apart from the Ray workers' a cluster run
+        # has (`bench_cluster_overhead.py` starts them from this session), and --test-niceness
+        # would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            start_new_session=True,
+            process_group=0,
         )  # fmt: skip
         peak_rss: dict[str, float] = {}
         peak_gpu: dict[str, float] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -27,12 +28,40 @@ from tests.conftest import ROOT, live_processes
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_cluster_overhead  # noqa: E402
 import bench_step  # noqa: E402
 import bench_training  # noqa: E402
 import points_lost  # noqa: E402
 import pong_observation  # noqa: E402
 import pong_returns  # noqa: E402
 import time_to_score  # noqa: E402
+
+
+def test_the_overhead_benchmark_counts_each_roles_cores_over_its_window():
+    before = {1: ("workers", 10.0), 2: ("workers", 5.0), 3: ("raylets", 1.0), 4: ("other", 0.0)}
+    after = {
+        1: ("workers", 19.0), 2: ("workers", 14.0), 3: ("raylets", 1.5),
+        5: ("workers", 3.0),  # started inside the window: its start-up is not the steady state
+        4: ("test process", 2.0),  # a pid taken again by another process: left out
+    }  # fmt: skip
+    assert bench_cluster_overhead.cpu_by_role(before, after, 10.0) == {
+        "workers": 1.8, "raylets": 0.05,
+    }  # fmt: skip
+    # On this machine: this process is there and its CPU only grows; a worker's title
+    # (setproctitle's, here its command line) makes it a worker.
+    first = bench_cluster_overhead.cpu_seconds()
+    sum(range(10**6))
+    second = bench_cluster_overhead.cpu_seconds()
+    assert second[os.getpid()][1] >= first[os.getpid()][1]
+    title = [sys.executable, "-c", "import time; time.sleep(30)", "Train Agent: 0"]
+    with subprocess.Popen(title) as child:
+        try:
+            deadline = time.monotonic() + 10
+            while bench_cluster_overhead.cpu_seconds().get(child.pid, ("",))[0] != "workers":
+                assert time.monotonic() < deadline, "the child never showed as a worker"
+                time.sleep(0.05)
+        finally:
+            child.kill()
 
 
 def test_main_py_refusal_passes_flags_main_py_takes():

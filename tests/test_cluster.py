@@ -7,6 +7,7 @@ more node, each a real raylet with its own object store, listening on loopback o
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -40,6 +41,7 @@ from cluster import (
     set_flat,
     weights_digest,
 )
+from monitor import RunMonitor
 from shared_optim import SharedAdam, SharedRMSprop
 from tests.conftest import (
     PONG,
@@ -297,6 +299,87 @@ def test_a_replaced_launchers_late_exchange_counts_but_leaves_the_new_ones_state
     assert np.allclose(server.weights, start + 3 * 2**-10, rtol=0, atol=1e-7)
     server.leave("a")  # lost: its view (a copy of the model) goes, its counts stay
     assert "a" not in server.views and server.pull()["steps"] == 3
+
+
+def test_a_restarted_launchers_first_round_trip_is_left_out_of_the_load_window():
+    start = flat_weights(net(0))
+    server = ParameterServer(start)
+    change = np.zeros_like(start)
+    first = server.join("a")["generation"]
+    server.exchange("a", change, 1, 0, last_round_trip_ms=900.0, generation=first)
+    server.exchange("a", change, 2, 0, last_round_trip_ms=100.0, generation=first)
+    assert server.pull()["round_trips"] == (1, 100.0)
+    again = server.join("a")["generation"]  # restarted: its workers are starting again
+    server.exchange("a", change, 3, 0, last_round_trip_ms=800.0, generation=again)
+    assert server.pull()["round_trips"] == (0, 0.0)
+    server.exchange("a", change, 4, 0, last_round_trip_ms=120.0, generation=again)
+    assert server.pull()["round_trips"] == (1, 120.0)
+    assert server.stats()["round_trip_ms"] == 480.0  # the run record's mean: every one
+
+
+def driver_at_poll(runs: dict, ended: dict, next_adopt: float) -> SimpleNamespace:
+    """A `ClusterRun` as `poll` sees it; `ended`: the launchers whose run() returned -> lost."""
+    stop = {"requested": False}
+    run = SimpleNamespace(
+        runs=runs, finished={}, lost={}, refused=set(), next_adopt=next_adopt, adopted=[],
+        next_pull=math.inf,
+        ray=SimpleNamespace(wait=lambda refs, **_: ([r for r in refs if r in ended], [])),
+        launcher=SimpleNamespace(
+            stop_reason="", failed=False,
+            ctx=SimpleNamespace(
+                stopping=lambda: stop["requested"],
+                request_stop=lambda: stop.update(requested=True),
+            ),
+        ),
+    )  # fmt: skip
+
+    def settle(node_id, ref):
+        if ended[ref]:
+            run.lost[node_id] = "killed"
+        else:
+            run.finished[node_id] = {"failed": True}
+        return ended[ref]
+
+    run._settle = settle
+    run._adopt = lambda: run.adopted.append(time.monotonic())
+    run._why_none_left = lambda: ClusterRun._why_none_left(run)
+    return run
+
+
+def test_when_the_last_launcher_fails_a_node_waiting_its_restart_is_looked_at_at_once():
+    # Node b was lost moments ago and waits its restart; then a, the last one running,
+    # fails. The driver must look for launchers to start (b's wait ends when none is left)
+    # before it calls the run over, whichever of the two ended first.
+    for ended in ({"ref_a": False}, {"ref_a": True}):  # a failed, or a was lost
+        run = driver_at_poll({"ref_a": "a"}, ended, next_adopt=math.inf)
+        run.lost["b"] = "killed"
+        ClusterRun.poll(run)
+        assert len(run.adopted) == 1
+    run = driver_at_poll({"ref_a": "a", "ref_c": "c"}, {"ref_a": False}, next_adopt=math.inf)
+    ClusterRun.poll(run)
+    assert run.adopted == [] and run.runs == {"ref_c": "c"}  # c runs on: wait for the round
+    # None could start again: the run stops, and says why.
+    run = driver_at_poll({"ref_a": "a"}, {"ref_a": True}, next_adopt=math.inf)
+    run.refused.add("a")
+    ClusterRun.poll(run)
+    assert run.launcher.ctx.stopping() and run.launcher.failed
+    assert run.launcher.stop_reason == "no node could start its launcher"
+    run = driver_at_poll({"ref_a": "a"}, {"ref_a": True}, next_adopt=math.inf)
+    ClusterRun.poll(run)
+    assert run.launcher.stop_reason == "every node was lost"
+
+
+def test_the_drivers_training_reports_keep_the_normalisers_a_resumed_state_had():
+    # A node's reports reach the driver without the workers' normalisers (they stay on the
+    # node); a state resumed from a single-machine run keeps the ones it saved.
+    saved = {"kind": "vector", "count": 7}
+    monitor = SimpleNamespace(worker_normalizers={0: saved}, train_window=[])
+    RunMonitor.take(monitor, "train", {"rank": 0, "loss": 1.0})
+    RunMonitor.take(monitor, "train", {"rank": 1, "loss": 1.0, "normalizer": None})
+    assert monitor.worker_normalizers == {0: saved}
+    assert [r["rank"] for r in monitor.train_window] == [0, 1]
+    RunMonitor.take(monitor, "train", {"rank": 1, "loss": 1.0, "normalizer": {"count": 2}})
+    assert monitor.worker_normalizers[1] == {"count": 2}  # one machine's workers: as before
 
 
 def optimizer_of(kind: str, model: nn.Module, slots: int) -> SharedAdam | SharedRMSprop:
