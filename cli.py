@@ -144,7 +144,8 @@ class TrainConfig(CommonConfig):
     )
     status_interval: float = flag(
         20.0,
-        help="seconds between status lines and TensorBoard training scalars (0 = no lines)",
+        help="seconds between status lines and TensorBoard training scalars (0 = no lines; "
+        "TensorBoard then every 20 s)",
     )
     reward_scale: float = flag(
         1.0,
@@ -392,6 +393,13 @@ def as_dict(config: CommonConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed`` (numpy's range; each worker's and env's seed is offset from it)."""
+
+MAX_EPISODE_FRAMES = 2**31 - 1
+"""ALE takes the episode cap in raw frames as a 32-bit int (``max_num_frames_per_episode``)."""
+
+
 def _validate_common(config: CommonConfig) -> None:
     for flag_name, value in (
         ("--max-episode-length", config.max_episode_length),
@@ -400,6 +408,15 @@ def _validate_common(config: CommonConfig) -> None:
     ):
         require_at_least(flag_name, value)
     check_sticky_probability(config.repeat_action_probability)
+    if not 0 <= config.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
+    frames = config.max_episode_length * config.skip_rate
+    if frames > MAX_EPISODE_FRAMES:
+        raise UsageError(
+            f"--max-episode-length {config.max_episode_length} x --skip-rate {config.skip_rate} "
+            f"is {frames:,} raw frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); give "
+            f"--max-episode-length {MAX_EPISODE_FRAMES // config.skip_rate} or less"
+        )
     if config.stall_steps < 0:
         raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
 

@@ -151,7 +151,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
 
     Raises:
         UsageError: a bad GPU id, an unwritable folder, a bad ``config.json`` or env id, an
-            unfit file to ``--load``.
+            unfit file to ``--load``, an earlier run's training state without ``--load``.
     """
     log = logging.getLogger("a3g.main")
     check_gpus(config.gpu_ids)
@@ -161,6 +161,14 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     )
     check_writable(config.save_model_dir, "--save-model-dir")
     check_writable(config.log_dir, "--log-dir")
+    if paths.state.exists() and not config.load:
+        # A forgotten --load would write a fresh model over a long run's weights and its
+        # training state within seconds: the one thing a resume cannot come back from.
+        raise UsageError(
+            f"{paths.state} holds an earlier run's training state, which this run would write "
+            "over; add --load to continue that run, or give --save-model-dir another folder "
+            "(or delete the file) to start afresh"
+        )
     env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
@@ -192,10 +200,13 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             "--save-model-dir keeps it"
         )
 
-    tensorboard_dir = (
-        resumed.tensorboard_dir
+    # A resumed run goes on in its TensorBoard folder, found by name under this run's
+    # --log-dir (the saved path may be relative to another working directory, or another
+    # --log-dir's, where the log and the run record no longer are).
+    tensorboard_dir = str(
+        paths.runs / Path(resumed.tensorboard_dir).name
         if resumed is not None and resumed.tensorboard_dir
-        else str(paths.runs / f"{env_file_stem(config.env)}_{time.strftime('%Y%m%d-%H%M%S')}")
+        else paths.runs / f"{env_file_stem(config.env)}_{time.strftime('%Y%m%d-%H%M%S')}"
     )
     return Launcher(
         config, paths, env_conf, shared_model, optimizer, observation_space.shape,

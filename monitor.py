@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ from cli import TrainConfig, as_dict
 from environment import protocol
 from shared_optim import scheduled_lr
 from utils import ProcessContext, format_elapsed
+
+TENSORBOARD_SECONDS = 20.0
+"""How often TensorBoard gets the training figures when ``--status-interval 0`` prints none."""
 
 
 def versions() -> dict[str, str]:
@@ -243,11 +246,30 @@ class RunMonitor:
     def _test_game(self, game: dict[str, float]) -> None:
         self.rewards.append(game["reward"])
         self.best = max(self.best, game["reward"])
-        if self.writer is not None:
-            frames = int(game["frames"])
-            self.writer.add_scalar("test/episode_reward", game["reward"], frames)
-            self.writer.add_scalar("test/episode_length", game["length"], frames)
-            self.writer.add_scalar("test/reward_mean_100", self.mean_100, frames)
+        frames = int(game["frames"])
+
+        def write(writer: Any) -> None:
+            writer.add_scalar("test/episode_reward", game["reward"], frames)
+            writer.add_scalar("test/episode_length", game["length"], frames)
+            writer.add_scalar("test/reward_mean_100", self.mean_100, frames)
+
+        self._to_tensorboard(write)
+
+    def _to_tensorboard(self, write: Callable[[Any], None]) -> None:
+        """`write(writer)` to TensorBoard, if on; a failed write (disk full) turns it off.
+
+        TensorBoard is a view of the run: losing it must not stop the training or the saves.
+        """
+        if self.writer is None:
+            return
+        try:
+            write(self.writer)
+        except OSError as err:
+            self.writer = None
+            self.log.error(
+                f"TensorBoard: could not write to {self.tensorboard_dir} ({err}); the run goes "
+                "on without it"
+            )
 
     @property
     def mean_100(self) -> float:
@@ -256,35 +278,38 @@ class RunMonitor:
         return sum(recent) / len(recent) if recent else math.nan
 
     def tick(self, force: bool = False) -> None:
-        """Every ``--status-interval`` seconds: training scalars, histograms, a status line."""
+        """Every ``--status-interval`` seconds: training scalars, histograms, a status line.
+
+        With ``--status-interval 0`` (no status lines) TensorBoard still gets its training
+        figures, every `TENSORBOARD_SECONDS` (histograms of every weight at each poll would
+        keep the launcher busy and grow the event file by gigabytes).
+        """
         now = time.time()
-        if not force and now - self.last_tick < self.interval:
+        if not force and now - self.last_tick < (self.interval or TENSORBOARD_SECONDS):
             return
         steps = self.ctx.total_steps()
         frames_done = (steps - self.last_steps) * self.frames_per_step
         self.fps = frames_done / max(now - self.last_tick, 1e-9)
         self.last_tick, self.last_steps = now, steps
-        if self.writer is not None:
-            self._write_training(steps)
+        self._to_tensorboard(lambda writer: self._write_training(writer, steps))
         self.train_window = []
         if self.interval > 0:
             self.log.info(self.status_line(now, steps))
 
-    def _write_training(self, steps: int) -> None:
-        assert self.writer is not None
+    def _write_training(self, writer: Any, steps: int) -> None:
         frames = steps * self.frames_per_step
-        self.writer.add_scalar("train/fps", self.fps, frames)
+        writer.add_scalar("train/fps", self.fps, frames)
         lr = scheduled_lr(self.config.lr, self.config.lr_schedule, steps, self.config.max_steps)
-        self.writer.add_scalar("train/lr", lr, frames)
+        writer.add_scalar("train/lr", lr, frames)
         if self.train_window:
             updates = sum(r["updates"] for r in self.train_window) or 1
             keys = [k for k in self.train_window[0] if k not in ("rank", "updates")]
             for key in keys:
                 value = sum(r[key] * r["updates"] for r in self.train_window) / updates
-                self.writer.add_scalar(f"train/{key}", value, frames)
+                writer.add_scalar(f"train/{key}", value, frames)
         for name, param in self.model.named_parameters():
-            self.writer.add_histogram(name, param.detach(), frames)
-        self.writer.flush()
+            writer.add_histogram(name, param.detach(), frames)
+        writer.flush()
 
     def status_line(self, now: float, steps: int) -> str:
         """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
@@ -306,8 +331,7 @@ class RunMonitor:
     def close(self, stop_reason: str, exit_code: int) -> None:
         """Final scalars, close TensorBoard, complete the run record."""
         self.tick(force=True)
-        if self.writer is not None:
-            self.writer.close()
+        self._to_tensorboard(lambda writer: writer.close())
         elapsed = time.time() - self.ctx.start_time
         self.record["finished"] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -75,7 +75,7 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     block: str | None = None  # the argument block read since the last game ("": no run id)
     for line in lines:
         if match := RUN_ID.search(line):
-            block = match["run"]
+            block = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
             continue
         if ARGUMENT_BLOCK.search(line):
             block = block or ""

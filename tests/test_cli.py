@@ -52,6 +52,8 @@ from utils import UsageError
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
         (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
         (["--test-niceness", "20"], "--test-niceness must be in 0..19, got 20"),
+        (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+        (["--max-episode-length", "600000000"], "give --max-episode-length 536870911 or less"),
         (["--lr-schedule", "linear"], "falls to 0 at --max-steps, which is 0 (no limit); give"),
         (["--lr-schedule", "cosine"], "invalid choice: 'cosine'"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),

@@ -28,7 +28,7 @@ from cli import parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
 from main import Child, prepare
 from model import A3Clstm, build_model
-from monitor import run_totals
+from monitor import TENSORBOARD_SECONDS, run_totals
 from tests.conftest import (
     PONG,
     PONG_FLAGS,
@@ -642,6 +642,62 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp
     assert sentinel.read_bytes() == b"keep me"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [sentinel.name]
     assert not (tmp_path / "dats" / "code-ran").exists()  # the pickled object never ran
+
+
+def test_tensorboard_that_cannot_write_is_turned_off_and_status_interval_0_spares_it(
+    tmp_path, caplog
+):
+    config = parse_train_args(
+        ["--env", PONG, "--workers", "1", "--tensorboard-logger", "--status-interval", "0",
+         "--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+    )  # fmt: skip
+    monitor = prepare(config).monitor
+    monitor.open()
+    written = []
+    monitor.writer.add_histogram = lambda name, *a, **k: written.append(name)
+    # No status lines: TensorBoard's figures still come, but every TENSORBOARD_SECONDS, not
+    # at every 0.25-s poll (each writes a histogram of all 3.25M weights).
+    monitor.last_tick = time.time() - 5
+    monitor.tick()
+    assert written == []
+    monitor.last_tick = time.time() - TENSORBOARD_SECONDS - 1
+    monitor.tick()
+    assert len(written) == len(list(monitor.model.parameters()))
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monitor.writer.add_scalar = full
+    monitor.take("test", {"reward": 1.0, "length": 10, "frames": 100, "seconds": 1.0})
+    assert monitor.writer is None and monitor.rewards == [1.0]  # the game still counts
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "No space left on device" in errors[0], errors
+    assert "the run goes on without it" in errors[0]
+    monitor.tick(force=True)  # nothing more to write, nothing raised
+    monitor.close("stopped", 0)
+    assert json.loads(Path(monitor.record_path).read_text())["finished"]["exit_code"] == 0
+
+
+def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    state = models / f"{PONG}_state.pt"
+    state.write_bytes(b"a long run's state")  # refused before it is read
+    (models / f"{PONG}.dat").write_bytes(b"its weights")
+    result = run_cli(
+        "main.py", "--env", PONG, "--save-model-dir", str(models), "--log-dir",
+        str(tmp_path / "logs"), timeout=120,
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-1500:]
+    assert lines[0] == (
+        f"main.py: error: {state} holds an earlier run's training state, which this run would "
+        "write over; add --load to continue that run, or give --save-model-dir another folder "
+        "(or delete the file) to start afresh"
+    )
+    assert state.read_bytes() == b"a long run's state"
+    assert (models / f"{PONG}.dat").read_bytes() == b"its weights"
+    assert not (tmp_path / "logs" / f"{PONG}_run.json").exists()
 
 
 @pytest.mark.slow
