@@ -302,6 +302,7 @@ class Launcher:
         self.stop_reason = ""
         self.failed = False
         self.final_saved = True
+        self.state_saved = True
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
         self.ctx = ProcessContext.create(
@@ -361,8 +362,12 @@ class Launcher:
             saved_at=time.time(),
         )
 
-    def save_state(self) -> None:
-        """Write the training-state file atomically; a failure is logged and the old file kept."""
+    def save_state(self) -> bool:
+        """Write the training-state file atomically; a failure is logged and the old file kept.
+
+        Returns:
+            Whether it was written.
+        """
         try:
             self.training_state().save(self.paths.state)
         except OSError as err:
@@ -370,6 +375,8 @@ class Launcher:
                 f"could not save the training state {self.paths.state} ({err}); "
                 "the previous file is kept"
             )
+            return False
+        return True
 
     def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
         """The entry point and arguments of `child`, with the latest normaliser statistics."""
@@ -499,7 +506,7 @@ class Launcher:
                 f"could not save {self.paths.final_model} ({err}); the previous file is kept"
             )
             self.final_saved = False
-        self.save_state()
+        self.state_saved = self.save_state()
 
     def stop_children(self) -> None:
         """Ask every child to stop and wait for it (terminate, then kill, the slow ones).
@@ -523,7 +530,11 @@ class Launcher:
                 proc.join(3)
             if proc.is_alive():
                 proc.kill()
-                proc.join()
+                proc.join(10)  # a process stuck in the kernel (a hung GPU driver) may not go
+            if proc.is_alive():
+                self.log.error(
+                    f"{child.title} (pid {proc.pid}) did not exit after SIGKILL; saving anyway"
+                )
         self.drain_reports()
         for title, (cause, _) in self.pending_causes.items():
             self.log.error(f"{title} also failed: {cause}")
@@ -580,6 +591,11 @@ class Launcher:
                 f"model saved to {self.paths.final_model}"
                 if self.final_saved
                 else f"model NOT saved to {self.paths.final_model} (see the error above)"
+            )
+            + (
+                ""
+                if self.state_saved
+                else f"; training state NOT saved to {self.paths.state} (see the error above)"
             )
         )
         if self.failed:

@@ -190,7 +190,11 @@ class RunMonitor:
         if self.config.tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=self.tensorboard_dir)
+            # A run resumed from a state older than its last events (it was killed between
+            # two state saves) drops the events of the stretch it trains again, as the
+            # curve drops those games (`visualize.parse_log`).
+            purge = self.frames if resumed_from is not None else None
+            self.writer = SummaryWriter(log_dir=self.tensorboard_dir, purge_step=purge)
             hx, cx = self.model.initial_state(1)
             dummy = torch.zeros(1, *self.observation_shape)
             self.writer.add_graph(self.model, (dummy, hx, cx))

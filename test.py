@@ -51,7 +51,10 @@ def run_test(
     """
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
-    for key, value in sorted({**as_dict(config), "tensorboard_dir": run_dir}.items()):
+    # The run's steps now: a resumed run's games logged past them (after the state it
+    # resumed from was saved) are of a stretch trained again, and the curve drops them.
+    block = {**as_dict(config), "tensorboard_dir": run_dir, "steps_at_start": ctx.total_steps()}
+    for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
 
     torch.manual_seed(config.seed)

@@ -33,6 +33,9 @@ LINE = re.compile(
 )
 ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
 """Every process that plays test games logs its arguments first; this line is in every block."""
+STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
+"""The run's steps when a block's process started: a resumed run's games logged past them
+before the block were trained again from an older state (the run was killed between saves)."""
 RUN_ID = re.compile(r" : tensorboard_dir: (?P<run>.+)$")
 """The run's own folder name, in the argument block: a restarted test process and a resumed run
 log the same one, a new run another. The original's logs have none (each block is a new run)."""
@@ -60,8 +63,10 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     """The test games of the last run in a training log (or of every run).
 
     A run goes on across a restarted test process and across ``--load`` resumes (their argument
-    blocks name the same run); a new run starts the list afresh. Reads this project's logs and
-    the original A3G's (which lack steps, frames and a run id).
+    blocks name the same run); a new run starts the list afresh. A resume from a state older
+    than the run's last games (killed between two state saves) drops the games past the
+    steps it resumed at: that stretch was trained again. Reads this project's logs and the
+    original A3G's (which lack steps, frames and a run id).
 
     Raises:
         UsageError: the file does not exist.
@@ -73,7 +78,11 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     games: list[TestGame] = []
     run: str | None = None  # the run the games so far belong to
     block: str | None = None  # the argument block read since the last game ("": no run id)
+    block_steps: int | None = None  # its steps_at_start, where it has one
     for line in lines:
+        if match := STEPS_AT_START.search(line):
+            block_steps = int(match["steps"])
+            continue
         if match := RUN_ID.search(line):
             block = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
             continue
@@ -86,7 +95,9 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
         if block is not None:
             if not all_runs and (block == "" or block != run):
                 games = []
-            run, block = block, None
+            elif block == run and block_steps is not None:
+                games = [g for g in games if g.steps is None or g.steps <= block_steps]
+            run, block, block_steps = block, None, None
         g = match.groupdict()
         games.append(
             TestGame(

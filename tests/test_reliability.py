@@ -558,6 +558,9 @@ def test_a_failed_save_keeps_the_previous_file_and_training_goes_on(tmp_path):
     assert f"could not save {dat}" in stderr and "the previous file is kept" in stderr
     assert "could not save the training state" in stderr
     assert "--max-steps 300 reached" in stderr
+    last = stderr.strip().splitlines()[-1]  # the final line says which saves did not happen
+    assert f"model NOT saved to {dat}" in last, last
+    assert f"training state NOT saved to {tmp_path / 'models' / f'{PONG}_state.pt'}" in last, last
     assert dat.read_bytes() == b"previous checkpoint"
     assert not list((tmp_path / "models").glob(".*.tmp"))
 
@@ -676,6 +679,32 @@ def test_tensorboard_that_cannot_write_is_turned_off_and_status_interval_0_spare
     monitor.tick(force=True)  # nothing more to write, nothing raised
     monitor.close("stopped", 0)
     assert json.loads(Path(monitor.record_path).read_text())["finished"]["exit_code"] == 0
+
+
+def test_a_resumed_run_drops_tensorboard_events_past_the_frames_it_resumes_at(
+    tmp_path, monkeypatch
+):
+    import torch.utils.tensorboard
+
+    made = []
+
+    class Writer:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+        def add_graph(self, *args):
+            pass
+
+    monkeypatch.setattr(torch.utils.tensorboard, "SummaryWriter", Writer)
+    config = parse_train_args(
+        ["--env", PONG, "--workers", "1", "--tensorboard-logger",
+         "--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+    )  # fmt: skip
+    monitor = prepare(config).monitor
+    monitor.ctx.steps[0] = 1500  # as if resumed at 1,500 steps (4 frames each)
+    monitor.open(resumed_from=str(tmp_path / "models" / f"{PONG}_state.pt"))
+    monitor.open()  # a new run purges nothing
+    assert [m["purge_step"] for m in made] == [6000, None]
 
 
 def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp_path):

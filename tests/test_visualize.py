@@ -144,9 +144,14 @@ def _game(seconds: int, reward: float, steps: int) -> str:
     )
 
 
-def _block(run: str) -> str:
+def _block(run: str, steps_at_start: int | None = None, runs: str = "logs/runs/") -> str:
+    start = (
+        ""
+        if steps_at_start is None
+        else f"2026-01-01 00:00:00,000 : steps_at_start: {steps_at_start}\n"
+    )
     return (
-        f"2026-01-01 00:00:00,000 : tensorboard_dir: logs/runs/{run}\n"
+        f"{start}2026-01-01 00:00:00,000 : tensorboard_dir: {runs}{run}\n"
         "2026-01-01 00:00:00,000 : workers: 2\n"
     )
 
@@ -171,6 +176,23 @@ def test_parse_log_keeps_a_run_across_test_restarts_and_resumes(tmp_path):
     assert len(parse_log(log, all_runs=True)) == 5
     log.write_text(log.read_text() + _block("pong_2") + _game(3, 1.0, 10))
     assert [g.reward for g in parse_log(log)] == [1.0]
+
+
+def test_a_resume_from_an_older_state_drops_the_games_of_the_stretch_trained_again(tmp_path):
+    log = tmp_path / "x_log"
+    log.write_text(
+        _block("pong_1", 0)
+        + _game(10, -21.0, 1000)
+        + _game(20, -20.0, 2000)  # the state was saved at 1,500 steps, then the run was killed
+        + _game(30, -19.0, 3000)
+        + _block("pong_1", 1500, runs="/elsewhere/logs/runs/")  # resumed (another --log-dir)
+        + _game(40, -18.0, 2500)
+        + _block("pong_1", 3100)  # the test process restarted: nothing is dropped
+        + _game(50, -17.0, 3200)
+    )
+    games = parse_log(log)
+    assert [(g.steps, g.reward) for g in games] == [(1000, -21.0), (2500, -18.0), (3200, -17.0)]
+    assert [g.steps for g in parse_log(log, all_runs=True)] == [1000, 2500, 3200]
 
 
 def test_sittings_join_a_run_resumed_from_its_state_and_one_from_a_dat_alone(tmp_path):
