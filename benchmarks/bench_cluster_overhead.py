@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
-from bench_training import run_once  # noqa: E402
+from bench_training import processes, run_once  # noqa: E402
 
 CPU_ROLES = (
     ("Train Agent", "workers"),
@@ -54,14 +54,9 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def cpu_seconds() -> dict[int, tuple[str, float]]:
     """Every process on the machine: pid -> (role, CPU seconds so far, user and system)."""
     out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
+    for pid, fields, cmd in processes():
         who = next((name for key, name in CPU_ROLES if key in cmd), "other")
-        out[int(stat.parent.name)] = (who, (int(fields[11]) + int(fields[12])) / TICKS)
+        out[pid] = (who, (int(fields[11]) + int(fields[12])) / TICKS)
     return out
 
 

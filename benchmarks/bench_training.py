@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,19 +35,26 @@ from bench_step import main_py_refusal, mode_flags  # noqa: E402
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
 
-def group_processes(pgid: int) -> dict[int, str]:
-    """Live processes of a process group: pid -> title (setproctitle's, or the command)."""
-    out = {}
+def processes() -> Iterator[tuple[int, list[str], str]]:
+    """Every process on the machine: pid, ``/proc/<pid>/stat``'s fields, title.
+
+    The fields are those after the process name (its state first); the title is
+    setproctitle's, or the command. A process gone while being read is skipped.
+    """
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
-                continue
             cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
         except (OSError, ValueError):
             continue
-        out[int(stat.parent.name)] = cmd
-    return out
+        yield int(stat.parent.name), fields, cmd
+
+
+def group_processes(pgid: int) -> dict[int, str]:
+    """Live processes of a process group: pid -> title (setproctitle's, or the command)."""
+    return {
+        pid: cmd for pid, fields, cmd in processes() if int(fields[2]) == pgid and fields[0] != "Z"
+    }
 
 
 def rss_mib(pid: int) -> float:
