@@ -540,6 +540,12 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
             f"--render shows the games in one window and cannot with --processes "
             f"{config.processes}; use --processes 1"
         )
+    if config.render and (config.demo or config.new_gym_eval):
+        recorded = "--demo" if config.demo else "--new-gym-eval"
+        raise UsageError(
+            f"--render shows the games in a window and cannot record them with {recorded}; "
+            f"drop --render to record (or evaluate twice)"
+        )
     if config.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise UsageError(
             "--render needs a display, and none is set here (DISPLAY is empty); "

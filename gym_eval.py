@@ -22,13 +22,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from checkpoint import LAST_SAVE_SUFFIX, checkpoint_path, env_file_stem, load_weights
+from checkpoint import (
+    LAST_SAVE_SUFFIX,
+    checkpoint_path,
+    env_file_stem,
+    load_weights,
+    write_json_atomic,
+)
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
 from monitor import counted_sittings, run_totals
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
-from utils import UsageError, check_gpus, setup_logger, worker_device
+from utils import UsageError, check_gpus, check_writable, setup_logger, worker_device
 from visualize import write_gif
 
 VIDEO_FPS = 30
@@ -217,11 +223,18 @@ def play_games(
         model.use_channels_last()
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     player = GreedyPlayer(model, env, device)
+    # Each env is seeded at its first game (with --render the window's and the other one
+    # play turns): the first game played with `first_seed`, the other env's with one drawn
+    # from it, so every game of the evaluation is repeatable.
+    unused_seeds = [first_seed, process_seed(first_seed, 1 << 16)]
+    seeded: set[int] = set()  # id() of each env played on so far
     try:
-        for index, game in enumerate(games):
+        for game in games:
             if should_stop is not None and should_stop():
                 return
             player.env = shown if shown is not None and (game - 1) % args.render_freq == 0 else env
+            seed = None if id(player.env) in seeded else unused_seeds.pop(0)
+            seeded.add(id(player.env))
             recorder = None
             if args.new_gym_eval:
                 recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
@@ -235,7 +248,7 @@ def play_games(
 
             try:
                 result = player.play_game(
-                    first_seed if index == 0 else None,
+                    seed,
                     args.stall_steps,
                     on_frame=on_frame if render_mode else None,
                     should_stop=should_stop,
@@ -381,10 +394,20 @@ def play_in_processes(
 
 
 def evaluate(args: EvalConfig) -> dict:
-    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved)."""
+    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved).
+
+    Ctrl-C ends the evaluation early: the games that ended are summarised and saved, the
+    summary marked ``interrupted`` (a KeyboardInterrupt goes on when none had ended).
+    """
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
         raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
+    video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
+    check_writable(args.log_dir, "--log-dir")
+    if args.new_gym_eval:
+        check_writable(video_dir, "--video-dir")
+    if args.demo:
+        check_writable(args.demo_dir, "--demo-dir")
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path)  # before the games: a bad record
@@ -403,7 +426,6 @@ def evaluate(args: EvalConfig) -> dict:
         + (f" (sticky actions {sticky:g})" if sticky is not None else "")
         + (f" in {processes} processes" if processes > 1 else "")
     )
-    video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     by_game: dict[int, GameResult] = {}
 
     def report(game: int, result: GameResult) -> None:
@@ -415,10 +437,20 @@ def evaluate(args: EvalConfig) -> dict:
         )
 
     start = time.time()
-    if processes > 1:
-        play_in_processes(args, model_path, report, log)
-    else:
-        play_games(args, model_path, range(1, args.num_episodes + 1), args.seed, report, log)
+    interrupted = False
+    try:
+        if processes > 1:
+            play_in_processes(args, model_path, report, log)
+        else:
+            play_games(args, model_path, range(1, args.num_episodes + 1), args.seed, report, log)
+    except KeyboardInterrupt:
+        if not by_game:
+            raise
+        interrupted = True
+        log.warning(
+            f"interrupted after {len(by_game)} of {args.num_episodes} games: the summary counts "
+            "the games that ended (the short ones end first)"
+        )
     results = [by_game[game] for game in sorted(by_game)]
     rewards = [r.reward for r in results]
     lengths = [r.length for r in results]
@@ -437,6 +469,7 @@ def evaluate(args: EvalConfig) -> dict:
         "endings": endings,
         "steps_without_reward": [r.steps_without_reward for r in results],
         "games_not_over": sum(ending != GAME_OVER for ending in endings),
+        "interrupted": interrupted,
         "seed": args.seed,
         "threads": args.threads,
         "processes": processes,
@@ -447,7 +480,19 @@ def evaluate(args: EvalConfig) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     json_path = Path(args.log_dir) / f"{stem}_eval.json"
-    json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    replaced = summarised_model(json_path)
+    if replaced is not None and replaced != summary["model"]:
+        log.warning(
+            f"{json_path} held the evaluation of {replaced}; it now holds this one's (give each "
+            "model its own --log-dir to keep both)"
+        )
+    try:
+        write_json_atomic(summary, json_path)
+    except OSError as err:
+        raise UsageError(
+            f"cannot write the summary {str(json_path)!r} ({err.strerror}); the games' lines are "
+            f"in {Path(args.log_dir) / f'{stem}_eval_log'}"
+        ) from None
     log.info(
         f"{args.env}: mean reward {summary['mean']:.2f} +/- {summary['std']:.2f} (std) over "
         f"{summary['games']} games, best {summary['best']}{cut_short(results)}; "
@@ -458,13 +503,30 @@ def evaluate(args: EvalConfig) -> dict:
     return summary
 
 
+INTERRUPTED_EXIT = 130
+"""Exit code after Ctrl-C (128 + SIGINT, what a shell reports for a process it interrupted)."""
+
+
+def summarised_model(json_path: Path) -> str | None:
+    """The model an existing evaluation summary at `json_path` played, if there is one."""
+    try:
+        summary = json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary.get("model") if isinstance(summary, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the exit code (0 ok, 2 bad input)."""
+    """Entry point: returns the exit code (0 ok, 2 bad input, 130 interrupted by Ctrl-C)."""
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     try:
         args = parse_eval_args(argv)
-        check_gpus([args.gpu_id])
-        evaluate(args)
+        check_gpus([args.gpu_id], "--gpu-id")
+        if evaluate(args)["interrupted"]:
+            return INTERRUPTED_EXIT
+    except KeyboardInterrupt:
+        print("gym_eval.py: interrupted before any game ended; nothing saved", file=sys.stderr)
+        return INTERRUPTED_EXIT
     except UsageError as err:
         print(f"gym_eval.py: error: {err}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from utils import (
     UsageError,
     check_gpus,
     check_precision,
+    check_writable,
     format_elapsed,
 )
 from visualize import plot_curve
@@ -47,19 +47,6 @@ from visualize import plot_curve
 # ----------------------------------------------------------------------------------------------
 # Wiring: check, build and share the model and optimizer, load, hand over to the launcher
 # ----------------------------------------------------------------------------------------------
-
-
-def check_writable(folder: str, flag: str) -> None:
-    """Create `folder` if needed and make sure files can be written there."""
-    path = Path(folder)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise UsageError(
-            f"{flag} {folder!r} is not writable ({err.strerror}); choose a folder you can write"
-        ) from None
 
 
 def resume_from(

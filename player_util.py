@@ -521,10 +521,12 @@ class GameResult:
         """What the log says after the reward when the game did not end in a game over."""
         if self.ending == STALLED:
             return f", stalled: no reward in {self.steps_without_reward} steps"
-        if self.ending == TIME_LIMIT:
+        if self.ending == TIME_LIMIT and self.steps_without_reward:
             return (
                 f", cut by the time limit (no reward in the last {self.steps_without_reward} steps)"
             )
+        if self.ending == TIME_LIMIT:  # rewarded to its last step (CartPole's every step)
+            return ", cut by the time limit"
         return ""
 
 

@@ -256,7 +256,7 @@ class SharedRMSprop(_SharedOptimizer):
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
         state = {
-            "step": torch.zeros(()),
+            "step": torch.zeros((), dtype=torch.float64),  # exact past 2**24 updates
             "square_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
         }
         if group["momentum"] > 0:
@@ -330,7 +330,7 @@ class SharedAdam(_SharedOptimizer):
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
         state = {
-            "step": torch.zeros(()),
+            "step": torch.zeros((), dtype=torch.float64),  # exact past 2**24 updates
             "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
             "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
         }

@@ -10,6 +10,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -332,8 +333,12 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
         sys.exit(FATAL_EXIT if isinstance(err, FatalRunError | UsageError) else 1)
 
 
-def check_gpus(gpu_ids: Sequence[int]) -> None:
+def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
     """Reject GPU ids that do not exist here (-1 alone means the CPU).
+
+    Args:
+        gpu_ids: the ids asked for.
+        flag: the flag that named them, for the message (``--gpu-id`` in ``gym_eval.py``).
 
     Raises:
         UsageError: CUDA is unavailable, or an id is out of range.
@@ -342,16 +347,34 @@ def check_gpus(gpu_ids: Sequence[int]) -> None:
         return
     if not torch.cuda.is_available():
         raise UsageError(
-            f"--gpu-ids {' '.join(map(str, gpu_ids))} asks for GPUs but CUDA is not available "
-            "here; drop --gpu-ids (or pass -1) to train on the CPU"
+            f"{flag} {' '.join(map(str, gpu_ids))} asks for a GPU but CUDA is not available "
+            f"here; drop {flag} (or pass -1) to run on the CPU"
         )
     count = torch.cuda.device_count()
     for gpu_id in gpu_ids:
         if not 0 <= gpu_id < count:
             raise UsageError(
-                f"--gpu-ids names GPU {gpu_id}, but this machine has {count} "
+                f"{flag} names GPU {gpu_id}, but this machine has {count} "
                 f"(ids 0..{count - 1}); pass ids from that range"
             )
+
+
+def check_writable(folder: str | Path, flag: str) -> None:
+    """Create `folder` if needed and make sure files can be written there.
+
+    Raises:
+        UsageError: it cannot be created or written, naming `flag` and the folder.
+    """
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"{flag} {str(folder)!r} is not writable ({err.strerror}); choose a folder you can "
+            "write"
+        ) from None
 
 
 def cpu_has_bf16() -> bool:

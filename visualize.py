@@ -12,9 +12,11 @@ Commands::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +71,16 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     original A3G's (which lack steps, frames and a run id).
 
     Raises:
-        UsageError: the file does not exist.
+        UsageError: the file does not exist or cannot be read (a folder, say).
     """
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except FileNotFoundError:
         raise UsageError(f"log {str(path)!r} not found; pass a <log-dir><env>_log file") from None
+    except OSError as err:
+        raise UsageError(
+            f"cannot read log {str(path)!r} ({err.strerror}); pass a <log-dir><env>_log file"
+        ) from None
     games: list[TestGame] = []
     run: str | None = None  # the run the games so far belong to
     block: str | None = None  # the argument block read since the last game ("": no run id)
@@ -238,11 +244,12 @@ def plot_curve(
     before = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
     fig.suptitle(title or f"{Path(logs[-1]).name}{before}: {len(games)} test games")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    try:
+        with writing(out):
+            fig.savefig(out)
+    finally:
+        plt.close(fig)
+    return Path(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,10 +330,27 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
 def write_png(image: np.ndarray, out: str | Path) -> Path:
     """Save an RGB array as PNG."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(out), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
-        raise UsageError(f"cannot write {str(out)!r}; check the folder")
+    with writing(out):
+        written = cv2.imwrite(str(out), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    if not written:
+        raise UsageError(f"cannot write {str(out)!r}; choose a folder you can write")
     return out
+
+
+@contextlib.contextmanager
+def writing(out: str | Path) -> Iterator[None]:
+    """Make `out`'s folder, then write `out` in the block; a failure is one line.
+
+    Raises:
+        UsageError: the folder cannot be made or the file written, naming the file.
+    """
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except OSError as err:
+        raise UsageError(
+            f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,9 +365,11 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
     if not frames:
         raise ValueError("expected at least one frame, got none")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     images = [Image.fromarray(f) for f in frames]
-    images[0].save(out, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    with writing(out):
+        images[0].save(
+            out, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
+        )
     return out
 
 
@@ -362,8 +388,12 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
     """
     if not protocol:
         return "?"
-    sticky = protocol.get("repeat_action_probability")
-    parts = [] if sticky is None else [f"sticky {sticky:g}" if sticky else "deterministic"]
+    if "repeat_action_probability" not in protocol:  # `environment.protocol` outside Atari
+        if not full:
+            return "(not an ALE game)"
+        return f"not an ALE game, cap {protocol['episode_cap_steps']:,} steps"
+    sticky = protocol["repeat_action_probability"]
+    parts = [f"sticky {sticky:g}" if sticky else "deterministic"]
     if full:
         skip = protocol.get("frame_skip")
         if skip is not None:
@@ -428,6 +458,10 @@ def same_run_flags(command: str) -> str:
     return " ".join(word for word in without_folders(command).split() if word != "--load")
 
 
+SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}
+"""What a results row needs of a `gym_eval.py` summary."""
+
+
 def results_table(paths: list[str | Path]) -> str:
     """A markdown table from `gym_eval.py` JSON summaries, one row per file.
 
@@ -444,7 +478,12 @@ def results_table(paths: list[str | Path]) -> str:
             summary = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise UsageError(f"cannot read eval summary {str(path)!r}: {err}") from None
+        if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
+            raise UsageError(
+                f"{str(path)!r} is not a gym_eval.py summary; pass <log-dir><env>_eval.json files"
+            )
         training = summary.get("training") or {}
+        games = f"{summary['games']}" + (" (interrupted)" if summary.get("interrupted") else "")
         frames = training.get("frames")
         seconds = training.get("seconds")
         rows.append(
@@ -455,11 +494,11 @@ def results_table(paths: list[str | Path]) -> str:
                 trained=describe_protocol(training.get("protocol"), full=False),
                 frames=f"{frames:,}" if frames is not None else "?",
                 wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
-                hw=training.get("hardware", "?"),
+                hw=training.get("hardware") or "?",
                 mean=summary["mean"],
                 std=summary["std"],
                 best=summary["best"],
-                games=summary["games"],
+                games=games,
                 cmd=without_folders(training.get("command") or "?"),
                 resumed=resumed_note(
                     training.get("sittings", 1),
@@ -525,8 +564,12 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
             print(plot_curve(list(args.log), out, args.window))
         elif args.command == "view":
+            from cli import MAX_SEED  # torch with it: only here
+
             if args.steps < 0:
                 raise UsageError(f"--steps must be 0 or more, got {args.steps}")
+            if not 0 <= args.seed <= MAX_SEED:
+                raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
             out = args.out or f"demo/{env_file_stem(args.env)}_view.png"
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
         elif args.command == "milestone":

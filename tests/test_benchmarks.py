@@ -107,7 +107,7 @@ def test_bench_step_checks_its_gpu_ids_as_main_py_would(monkeypatch, capsys):
     monkeypatch.setattr(bench_step, "profile", lambda *a, **k: pytest.fail("timed a refused mode"))
     assert bench_step.main(["--gpu-ids", "0", "--modes", "fast,k16", "--rounds", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("bench_step.py: error: mode fast,k16: --gpu-ids 0 asks for GPUs")
+    assert err.startswith("bench_step.py: error: mode fast,k16: --gpu-ids 0 asks for a GPU")
     assert "\n" not in err
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -422,31 +424,111 @@ def test_gym_eval_says_in_one_line_when_drawing_needs_a_package(tmp_path, proces
     assert last.startswith("gym_eval.py: error: drawing CartPole-v1 needs a package"), last
 
 
-def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
+@contextlib.contextmanager
+def evaluation_in_its_group(
+    tmp_path: Path, *flags: str, games: int, stderr: int = subprocess.DEVNULL
+) -> Iterator[subprocess.Popen]:
+    """``gym_eval.py`` of a tiny Pong model in a session of its own, handed over once `games`
+    games are logged; whatever is left of its process group is killed afterwards."""
     _tiny_pong_dat(tmp_path / "models")
     log_path = tmp_path / "logs" / f"{PONG}_eval_log"
     run = subprocess.Popen(
-        [sys.executable, "gym_eval.py", "--env", PONG, "--hidden-size", "32",
-         "--num-episodes", "100", "--processes", "2",
+        [sys.executable, "gym_eval.py", "--env", PONG, "--hidden-size", "32", *flags,
          "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (
-            log_path.exists() and ": reward " in log_path.read_text()
+            log_path.exists() and log_path.read_text().count(": reward ") >= games
         ):
             time.sleep(0.2)
-        children = [pid for pid in group_alive(run.pid) if parent_of(pid) == run.pid]
-        assert len(children) >= 2, "expected the evaluation's 2 processes"
-        run.kill()
-        run.wait(timeout=10)
-        assert wait_group_gone(run.pid, 20) == []
+        yield run
     finally:
         if run.poll() is None:
             run.kill()
         for pid in group_alive(run.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
+    flags = ["--num-episodes", "100", "--processes", "2"]
+    with evaluation_in_its_group(tmp_path, *flags, games=1) as run:
+        children = [pid for pid in group_alive(run.pid) if parent_of(pid) == run.pid]
+        assert len(children) >= 2, "expected the evaluation's 2 processes"
+        run.kill()
+        run.wait(timeout=10)
+        assert wait_group_gone(run.pid, 20) == []
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_ctrl_c_ends_an_evaluation_with_the_games_that_ended_saved(tmp_path, processes):
+    flags = ["--max-episode-length", "100", "--num-episodes", "1000", "--processes", processes]
+    with evaluation_in_its_group(tmp_path, *flags, games=2, stderr=subprocess.PIPE) as run:
+        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, stderr = run.communicate(timeout=60)
+        assert run.returncode == 130, stderr[-2000:]
+        assert "Traceback" not in stderr and "of 1000 games: the summary counts" in stderr
+        summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
+        assert summary["interrupted"] is True and 2 <= summary["games"] < 1000
+        assert len(summary["rewards"]) == summary["games"]
+        assert wait_group_gone(run.pid, 20) == []
+
+
+def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replaces(tmp_path):
+    from gym_eval import evaluate
+
+    _tiny_pong_dat(tmp_path / "models")
+    other = tmp_path / "other.dat"
+    other.write_bytes((tmp_path / "models" / f"{PONG}.dat").read_bytes())
+    flags = [
+        "--env", PONG, "--hidden-size", "32", "--max-episode-length", "20", "--num-episodes", "1",
+        "--log-dir", str(tmp_path / "logs"), "--load-model-dir", str(tmp_path / "models"),
+    ]  # fmt: skip
+    first = evaluate(parse_eval_args(flags))
+    assert first["interrupted"] is False
+    evaluate(parse_eval_args(flags))  # the same model again: nothing to say
+    log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
+    assert " held the evaluation of " not in log
+    evaluate(parse_eval_args([*flags, "--model", str(other)]))
+    log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
+    assert f"held the evaluation of {first['model']}; it now holds this one's" in log
+    summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
+    assert summary["model"] == str(other)
+    assert not [p for p in (tmp_path / "logs").iterdir() if p.name.startswith(".")]  # no temp
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--render", "--demo"], "--render shows the games in a window and cannot record them "
+         "with --demo; drop --render"),
+        (["--render", "--new-gym-eval"], "cannot record them with --new-gym-eval"),
+        (["--log-dir", "{file}/logs"], "--log-dir '{file}/logs' is not writable (Not a directory)"),
+        (["--new-gym-eval", "--video-dir", "{file}/v", "--processes", "2"],
+         "--video-dir '{file}/v' is not writable"),
+        (["--demo", "--demo-dir", "{file}/d"], "--demo-dir '{file}/d' is not writable"),
+        (["--gpu-id", "0"], "--gpu-id 0 asks for a GPU but CUDA is not available here; drop "
+         "--gpu-id"),
+    ],
+)  # fmt: skip
+def test_gym_eval_bad_folders_and_flag_pairs_are_one_line(tmp_path, capsys, flags, message):
+    import gym_eval
+
+    if "--gpu-id" in flags and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    flags = [flag.replace("{file}", str(blocker)) for flag in flags]
+    _tiny_pong_dat(tmp_path / "models")
+    base = ["--hidden-size", "32", "--load-model-dir", str(tmp_path / "models")]
+    if "--log-dir" not in flags:
+        base += ["--log-dir", str(tmp_path / "logs")]
+    assert gym_eval.main([*base, *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gym_eval.py: error: "), lines
+    assert message.replace("{file}", str(blocker)) in lines[0]
+    assert not (tmp_path / "logs" / f"{PONG}_eval.json").exists()
 
 
 def test_gym_eval_render_without_display_says_so(tmp_path):

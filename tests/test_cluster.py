@@ -791,7 +791,7 @@ class ClusterRunProcess:
         with self.stderr_path.open("w") as stderr_file:
             self.proc = subprocess.Popen(
                 [sys.executable, "main.py", *CLUSTER_FLAGS, "--ray-address", ray_cluster.address,
-                 *folders(tmp_path)],
+                 "--status-interval", "5", *folders(tmp_path)],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True,
             )  # fmt: skip
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -188,6 +190,8 @@ def test_greedy_games_end_at_game_over_or_the_time_limit(config):
     game = GreedyPlayer(random_model(capped), capped).play_game(seed=0)
     assert game.ending == TIME_LIMIT and game.length <= 120
     assert game.note().startswith(", cut by the time limit (no reward in the last ")
+    rewarded_to_the_end = dataclasses.replace(game, steps_without_reward=0)  # CartPole's games
+    assert rewarded_to_the_end.note() == ", cut by the time limit"
 
     # The paddle never moves (sticky NOOP), so every point is lost: a real game over.
     pong = make_env(

@@ -279,3 +279,13 @@ def test_two_processes_stepping_at_once_lose_no_step():
     assert resumed.steps_taken() == 40_000 and resumed.step_counts.is_shared()
     with pytest.raises(ValueError, match="expected slot in 0..1, got 2"):
         resumed.use_slot(2)
+
+
+@pytest.mark.parametrize("make", [SharedAdam, SharedRMSprop])
+def test_a_saved_step_count_past_float32s_exact_range_comes_back_exact(make, tmp_path):
+    opt = make(nn.Linear(2, 2).parameters(), slots=2)
+    opt.step_counts[:] = torch.tensor([2**24, 2**24 + 1], dtype=torch.float64)  # 2**25 + 1
+    torch.save(opt.state_dict(), tmp_path / "state.pt")
+    resumed = make(nn.Linear(2, 2).parameters(), slots=2)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert resumed.steps_taken() == 2**25 + 1  # float32 would give 2**25

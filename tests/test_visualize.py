@@ -379,6 +379,53 @@ def test_results_table_from_eval_summaries(tmp_path):
     assert v0 == "sticky 0.25, skip 2-4, no no-op starts, cap 100 steps"
 
 
+def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path):
+    summary = {
+        "env": "CartPole-v1", "mean": 480.5, "std": 3.0, "best": 500.0, "games": 37,
+        "interrupted": True, "protocol": protocol("CartPole-v1", 4, 10000),
+        "training": {"protocol": protocol("CartPole-v1", 4, 10000), "hardware": None},
+    }  # fmt: skip
+    path = tmp_path / "CartPole-v1_eval.json"
+    path.write_text(json.dumps(summary))
+    cells = results_table([path]).splitlines()[2].split(" | ")
+    assert cells[1:3] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
+    assert cells[5] == "?"  # a record without hardware
+    assert cells[8] == "37 (interrupted)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["table", "{run}"], "'{run}' is not a gym_eval.py summary; pass <log-dir><env>_eval.json"),
+        (["table", "{list}"], "'{list}' is not a gym_eval.py summary"),
+        (["curve", "{dir}"], "cannot read log '{dir}' (Is a directory); pass a <log-dir><env>_log"),
+        (["curve", "{log}", "--out", "{file}/c.png"],
+         "cannot write '{file}/c.png' (File exists); choose a folder you can write"),
+        (["view", "--steps", "0", "--out", "{file}/v.png"], "cannot write '{file}/v.png'"),
+        (["view", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+    ],
+)  # fmt: skip
+def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
+    from visualize import main
+
+    names = {
+        "run": tmp_path / "run.json", "list": tmp_path / "list.json", "dir": tmp_path,
+        "log": tmp_path / "x_log", "file": tmp_path / "a_file",
+    }  # fmt: skip
+    names["run"].write_text(json.dumps({"config": {}, "finished": {}}))
+    names["list"].write_text("[1, 2]")
+    names["log"].write_text(_game(40, 3.0, 1000))
+    names["file"].write_text("")
+
+    def fill(text: str) -> str:
+        return text.format(**{key: str(path) for key, path in names.items()})
+
+    assert main([fill(arg) for arg in args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("visualize.py: error: "), lines
+    assert fill(message) in lines[0]
+
+
 def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
     from gym_eval import DEMO_FPS, DemoFrames
 
