@@ -34,7 +34,14 @@ from environment import env_config, make_env, protocol, read_config, register_ga
 from model import build_model
 from monitor import counted_sittings, run_totals
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
-from utils import UsageError, check_gpus, check_writable, setup_logger, worker_device
+from utils import (
+    UsageError,
+    check_gpus,
+    check_writable,
+    setup_logger,
+    sigint_ignored,
+    worker_device,
+)
 from visualize import write_gif
 
 VIDEO_FPS = 30
@@ -348,8 +355,6 @@ def play_in_processes(
         )
         for p, share in enumerate(shares)
     ]
-    for child in children:
-        child.start()
     owed = [len(share) for share in shares]
 
     def next_message() -> tuple:
@@ -370,6 +375,9 @@ def play_in_processes(
                         ) from None
 
     try:
+        for child in children:
+            with sigint_ignored():
+                child.start()
         while sum(owed):
             message = next_message()
             if message[0] == "log":

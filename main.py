@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from utils import (
     check_precision,
     check_writable,
     format_elapsed,
+    sigint_ignored,
 )
 from visualize import plot_curve
 
@@ -386,24 +386,16 @@ class Launcher:
 
     def start(self) -> None:
         """Start the test process and the workers."""
-        # Children inherit an ignored SIGINT, so a Ctrl-C during their start-up (before
-        # their own setup runs) cannot raise KeyboardInterrupt in them either. (Only the main
-        # thread may set handlers; a cluster node's launcher runs in a Ray actor's thread,
-        # where no terminal sends Ctrl-C.)
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-        try:
-            for child in self.children:
-                self._start(child)
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, previous)
+        for child in self.children:
+            self._start(child)
 
     def _start(self, child: Child) -> None:
+        """Start (or restart) one child, SIGINT ignored in it from the start (`sigint_ignored`)."""
         ctx = self.channels.open(child, self.ctx, -1 if child.rank is None else child.rank)
         target, args = self.process_target(child, ctx)
         proc = self.mp.Process(target=target, args=args, name=child.title, daemon=False)
-        proc.start()
+        with sigint_ignored():
+            proc.start()
         self.channels.started(ctx)
         self.processes[child] = proc
 

@@ -11,6 +11,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -304,6 +305,29 @@ class ReportChannels:
         reader = self.readers.pop(key, None)
         if reader is not None:
             reader.close()
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Start a child in the block: it inherits an ignored SIGINT.
+
+    A spawned child keeps an ignored disposition across ``exec``; a handler would become the
+    default there, and Python's default raises KeyboardInterrupt (a traceback on the
+    terminal) in a child still starting up, before `child_process` ignores SIGINT itself.
+    A Ctrl-C inside the block (the milliseconds of one ``Process.start``) is lost: blocking
+    it instead would not hold it, since Linux gives a process's signal to any thread that
+    does not block it. Outside the main thread (a cluster node's launcher, in a Ray actor's
+    thread, where no terminal sends Ctrl-C) handlers cannot be set, and the block does
+    nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.multiprocessing as mp
 
-from utils import ProcessContext, ReportChannels, child_process, setup_logger
+from utils import ProcessContext, ReportChannels, child_process, setup_logger, sigint_ignored
 
 # -- logging -----------------------------------------------------------------------------------
 
@@ -241,3 +241,27 @@ def test_bf16_on_gpus_is_judged_by_capability_without_a_cuda_context(
     else:
         with pytest.raises(utils.UsageError, match=r"bfloat16 on GPU 0 \(Tesla T4\), which lacks"):
             utils.check_precision("bf16", [0, 1])
+
+
+def _report_sigint(results, name: str) -> None:
+    results.put((name, signal.getsignal(signal.SIGINT) == signal.SIG_IGN))
+
+
+def test_a_child_started_with_sigint_ignored_ignores_it_from_its_start():
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    handler = signal.getsignal(signal.SIGINT)
+    with sigint_ignored():
+        child = context.Process(target=_report_sigint, args=(results, "guarded"))
+        child.start()
+    assert signal.getsignal(signal.SIGINT) is handler  # the launcher's own, back
+    unguarded = context.Process(target=_report_sigint, args=(results, "unguarded"))
+    unguarded.start()
+    # Python's startup ignored it in the first (no KeyboardInterrupt while it starts up) and
+    # set its default handler in the second, which a Ctrl-C would interrupt.
+    assert dict([results.get(timeout=60), results.get(timeout=60)]) == {
+        "guarded": True,
+        "unguarded": False,
+    }
+    child.join(60)
+    unguarded.join(60)
