@@ -862,7 +862,7 @@ def no_cluster(address: str, why: str) -> str:
 
 TOKEN_FIX = (
     "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the head's token, from 'ray "
-    "get-auth-token' there> before main.py (docs/cluster.md#setup)"
+    "get-auth-token' there> before main.py (docs/cluster.md#set-up-a-cluster)"
 )
 """What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one)."""
 

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
-from bench_training import processes, run_once  # noqa: E402
+from bench_step import main_py_refusal  # noqa: E402
+from bench_training import processes, run_once, stop_signals  # noqa: E402
 
 CPU_ROLES = (
     ("Train Agent", "workers"),
@@ -75,6 +76,10 @@ def cpu_by_role(
     return {who: round(cores, 3) for who, cores in sorted(used.items(), key=lambda kv: -kv[1])}
 
 
+STATUS_SECONDS = 5.0
+"""main.py's --status-interval in the timed runs: frames/s is read from those lines."""
+
+
 def timed_run(flags: list[str], seconds: float, warmup: float) -> dict:
     """`run_once`, plus the CPU each role used from the warm-up to near the end."""
     readings: list[tuple[float, dict]] = []
@@ -87,7 +92,7 @@ def timed_run(flags: list[str], seconds: float, warmup: float) -> dict:
 
     reader = threading.Thread(target=read_at, args=((warmup, seconds - 3),), daemon=True)
     reader.start()
-    result = run_once(flags, seconds, warmup, 5)
+    result = run_once(flags, seconds, warmup, STATUS_SECONDS)
     reader.join()
     if len(readings) == 2:
         (t0, before), (t1, after) = readings
@@ -113,38 +118,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
-
-    cluster = start_one_machine_cluster(2)
-    common = ["--env", args.env, *shlex.split(args.flags), "--status-interval", "5"]
-    runs: dict[str, list[float]] = {"single": [], "cluster": []}
-    cpu: dict[str, list[dict[str, float]]] = {"single": [], "cluster": []}
-    windows: dict[str, list[float]] = {"single": [], "cluster": []}
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.seconds <= args.warmup + 2 * STATUS_SECONDS:
+        parser.error(
+            f"--seconds {args.seconds:g} must exceed --warmup {args.warmup:g} by two status "
+            f"intervals ({STATUS_SECONDS:g} s each)"
+        )
     try:
-        for _ in range(args.rounds):
-            single = timed_run(
-                [*common, "--workers", str(2 * args.node_workers)], args.seconds, args.warmup
-            )
-            runs["single"].append(single["frames_per_s"])
-            cpu["single"].append(single.get("cpu_by_role", {}))
-            windows["single"].append(single["window_s"])
-            clustered = timed_run(
-                [*common, "--workers", str(args.node_workers), "--ray-address", cluster.address,
-                 "--sync-interval", str(args.sync_interval), *shlex.split(args.cluster_flags)],
-                args.seconds, args.warmup,
-            )  # fmt: skip
-            runs["cluster"].append(clustered["frames_per_s"])
-            cpu["cluster"].append(clustered.get("cpu_by_role", {}))
-            windows["cluster"].append(clustered["window_s"])
-            print(
-                f"single {single['frames_per_s']:,.0f} frames/s, cluster "
-                f"{clustered['frames_per_s']:,.0f} frames/s; cores used: single "
-                f"{cpu['single'][-1]}, cluster {cpu['cluster'][-1]}",
-                flush=True,
-            )
-    finally:
-        cluster.shutdown()
-    ratio = statistics.fmean(runs["cluster"]) / statistics.fmean(runs["single"])
-    result = {
+        common = ["--env", args.env, *shlex.split(args.flags)]
+        single = [*common, "--workers", str(2 * args.node_workers)]
+        clustered = [
+            *common, "--workers", str(args.node_workers), "--sync-interval",
+            str(args.sync_interval), *shlex.split(args.cluster_flags),
+        ]  # fmt: skip
+    except ValueError as err:  # shlex: an unclosed quote
+        parser.error(f"--flags or --cluster-flags: {err}")
+    for name, flags in (("single", single), ("cluster", [*clustered, "--ray-address", "auto"])):
+        refusal = main_py_refusal(flags)
+        if refusal is not None:
+            parser.error(f"the {name} run's flags: {refusal}")
+
+    result: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "cpu": _cpu_name(),
         "flags": args.flags,
@@ -152,14 +147,49 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "sync_interval": args.sync_interval,
         "node_workers": args.node_workers,
-        "frames_per_s": {k: [round(v) for v in vs] for k, vs in runs.items()},
-        "cluster_over_single": round(ratio, 3),
-        "window_s": windows,
-        "cpu_by_role": cpu,
     }
+    runs: dict[str, list[float]] = {"single": [], "cluster": []}
+    cpu: dict[str, list[dict[str, float]]] = {"single": [], "cluster": []}
+    windows: dict[str, list[float]] = {"single": [], "cluster": []}
+
+    def record(kind: str, run: dict) -> None:
+        """One run's figures into the result, saved at once: a later failure keeps them."""
+        runs[kind].append(run["frames_per_s"])
+        cpu[kind].append(run.get("cpu_by_role", {}))
+        windows[kind].append(run["window_s"])
+        result["frames_per_s"] = {k: [round(v) for v in vs] for k, vs in runs.items()}
+        if runs["single"] and runs["cluster"]:
+            ratio = statistics.fmean(runs["cluster"]) / statistics.fmean(runs["single"])
+            result["cluster_over_single"] = round(ratio, 3)
+        result["window_s"] = windows
+        result["cpu_by_role"] = cpu
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+    with stop_signals():
+        cluster = None
+        try:
+            cluster = start_one_machine_cluster(2)
+            for _ in range(args.rounds):
+                record("single", timed_run(single, args.seconds, args.warmup))
+                address = ["--ray-address", cluster.address]
+                record("cluster", timed_run([*clustered, *address], args.seconds, args.warmup))
+                print(
+                    f"single {runs['single'][-1]:,.0f} frames/s, cluster "
+                    f"{runs['cluster'][-1]:,.0f} frames/s; cores used: single "
+                    f"{cpu['single'][-1]}, cluster {cpu['cluster'][-1]}",
+                    flush=True,
+                )
+        except KeyboardInterrupt:
+            print("bench_cluster_overhead.py: stopped; what was measured is saved", file=sys.stderr)
+            return 130
+        except RuntimeError as err:  # main.py failed: its last line is in the message
+            print(f"bench_cluster_overhead.py: error: {err}", file=sys.stderr)
+            return 1
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
     print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

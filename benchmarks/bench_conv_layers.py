@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got {args.batch}")
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     try:
         check_precision(args.precision, [-1])  # main.py's own check, on the CPU
     except UsageError as err:

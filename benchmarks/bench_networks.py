@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.repeats < 4:
-        print(f"bench_networks.py: error: --repeats must be at least 4, got {args.repeats}")
+        print(
+            f"bench_networks.py: error: --repeats must be at least 4, got {args.repeats}",
+            file=sys.stderr,
+        )
         return 2
 
     torch.set_num_threads(1)

@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-ids", type=int, nargs="+", default=[-1], help="as main.py's (-1: the CPU)"
     )
     args = p.parse_args(argv)
+    if args.warmup_updates < 1:
+        p.error(f"--warmup-updates must be at least 1, got {args.warmup_updates}")
     gpu_flags = ["--gpu-ids", *map(str, args.gpu_ids)]
     for mode in args.modes:
         try:

@@ -16,6 +16,8 @@ a second, and GPU memory with ``nvidia-smi`` when there is a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,8 +100,94 @@ def role(cmd: str) -> str:
     return "helper"
 
 
+def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, int] | None:
+    """Frames/s from the first status line after `warmup` seconds to the last, and its seconds.
+
+    None with fewer than two such lines. Give it what main.py printed before it was told to
+    stop: the status line it prints as it closes counts its shutdown (saves, the children's
+    exit), when no frames are made.
+    """
+    points = [
+        (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
+        for h, m, s, f in STATUS.findall(stderr)
+    ]
+    steady = [p for p in points if p[0] >= warmup]
+    if len(steady) < 2:
+        return None
+    (t0, f0), (t1, f1) = steady[0], steady[-1]
+    return (f1 - f0) / max(t1 - t0, 1), t1 - t0
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def stopped_with_this_process() -> None:
+    """Ask Linux to send the child Ctrl-C's SIGINT when the benchmark dies (a ``preexec_fn``).
+
+    main.py runs in a process group of its own and has no step budget: a benchmark killed
+    with SIGKILL, which no ``finally`` sees, would leave it training forever. With this it
+    stops as on Ctrl-C, saving its files. Only a C call here: the child of a fork must not
+    take locks another thread of the benchmark may hold.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+
+
+def read_in_background(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
+    """Collect `proc`'s stderr lines as they come (a full pipe would block main.py)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 120) -> bool:
+    """Stop main.py and its process group as Ctrl-C would; SIGKILL if it does not end in time.
+
+    Returns:
+        Whether it had ended by itself (then nothing is signalled: its group may be gone).
+    """
+    if proc.poll() is not None:
+        return True
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:  # deaf to Ctrl-C: no process left behind
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return False
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, so a benchmark's ``finally`` stops main.py.
+
+    Set here rather than left to Python's default: SIGTERM would end the benchmark at once,
+    and a process started in the background by a shell without job control (a CI script,
+    ``nohup ... &``) begins with SIGINT ignored.
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> dict:
-    """One timed run of main.py; returns frames/s and peak memory per role."""
+    """One timed run of main.py; returns frames/s and peak memory per role.
+
+    main.py is stopped however this ends (Ctrl-C, an error): it runs in a process group of
+    its own, which a terminal's Ctrl-C does not reach.
+
+    Raises:
+        RuntimeError: main.py gave too few status lines (it failed, or the run was too short).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             sys.executable, "main.py", *flags, "--status-interval", str(status),
@@ -111,37 +200,37 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
         # would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            process_group=0,
+            process_group=0, preexec_fn=stopped_with_this_process,
         )  # fmt: skip
+        lines, reader = read_in_background(proc)
         peak_rss: dict[str, float] = {}
         peak_gpu: dict[str, float] = {}
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and proc.poll() is None:
-            processes = group_processes(proc.pid)
-            gpu = gpu_memory_mib()
-            for pid, cmdline in processes.items():
-                who = role(cmdline)
-                peak_rss[who] = max(peak_rss.get(who, 0.0), rss_mib(pid))
-                if pid in gpu:
-                    peak_gpu[who] = max(peak_gpu.get(who, 0.0), gpu[pid])
-            time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    points = [
-        (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
-        for h, m, s, f in STATUS.findall(stderr)
-    ]
-    steady = [p for p in points if p[0] >= warmup]
-    if len(steady) < 2:
-        last = stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                processes = group_processes(proc.pid)
+                gpu = gpu_memory_mib()
+                for pid, cmdline in processes.items():
+                    who = role(cmdline)
+                    peak_rss[who] = max(peak_rss.get(who, 0.0), rss_mib(pid))
+                    if pid in gpu:
+                        peak_gpu[who] = max(peak_gpu.get(who, 0.0), gpu[pid])
+                time.sleep(1.0)
+            before_stop = len(lines)
+        finally:
+            stop_group(proc, timeout=60)
+        reader.join(timeout=10)
+    steady = steady_frames_per_s("".join(lines[:before_stop]), warmup)
+    if steady is None:
+        last = "".join(lines).strip().splitlines()[-1:] or ["(nothing on stderr)"]
         raise RuntimeError(
             f"main.py gave too few status lines after the warm-up (exit code {proc.returncode}; "
             f"its last line: {last[0]})"
         )
-    (t0, f0), (t1, f1) = steady[0], steady[-1]
+    frames_per_s, window = steady
     return {
-        "frames_per_s": (f1 - f0) / max(t1 - t0, 1),
-        "window_s": t1 - t0,
+        "frames_per_s": frames_per_s,
+        "window_s": window,
         "peak_rss_mib": {k: round(v) for k, v in sorted(peak_rss.items())},
         "peak_gpu_mib": {k: round(v) for k, v in sorted(peak_gpu.items())},
     }
@@ -189,6 +278,16 @@ def main(argv: list[str] | None = None) -> int:
             if refusal is not None:
                 print(f"bench_training.py: error: mode {mode}: {refusal}", file=sys.stderr)
                 return 2
+    with stop_signals():
+        try:
+            return measure(args, modes)
+        except KeyboardInterrupt:
+            print("bench_training.py: stopped; what was measured is saved", file=sys.stderr)
+            return 130
+
+
+def measure(args: argparse.Namespace, modes: dict[str, list[str]]) -> int:
+    """Every mode's run for each worker count, printed and saved as it goes."""
     results: list[dict] = []
     for workers in args.workers:
         row: dict = {"env": args.env, "workers": workers, "gpu_ids": args.gpu_ids, "modes": {}}
@@ -204,9 +303,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # after every run: a failure later keeps what was measured
                 Path(args.json).write_text(json.dumps(results, indent=2))
         reference = row["modes"].get("reference")
-        for mode, result in row["modes"].items():
+        for result in row["modes"].values():
             if reference is not None:
                 result["speedup"] = result["frames_per_s"] / reference["frames_per_s"]
+        if args.json:  # with the speed-ups: a later worker count may fail
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        for mode, result in row["modes"].items():
             ratio = f", {result['speedup']:.2f}x the reference" if "speedup" in result else ""
             print(
                 f"{args.env} workers {workers} {mode}: {result['frames_per_s']:.0f} frames/s"
@@ -214,8 +316,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"GPU {result['peak_gpu_mib'] or '-'}",
                 flush=True,
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 

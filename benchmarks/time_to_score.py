@@ -29,16 +29,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,23 +45,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_step import main_py_refusal  # noqa: E402
+from bench_training import (  # noqa: E402
+    read_in_background,
+    steady_frames_per_s,
+    stop_group,
+    stop_signals,
+    stopped_with_this_process,
+)
 
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
-
-STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
-
-
-def steady_frames_per_s(stderr: str, warmup: float) -> float | None:
-    """Frames/s between the first status line after `warmup` seconds and the last one."""
-    points = [
-        (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
-        for h, m, s, f in STATUS.findall(stderr)
-    ]
-    steady = [p for p in points if p[0] >= warmup]
-    if len(steady) < 2:
-        return None
-    (t0, f0), (t1, f1) = steady[0], steady[-1]
-    return (f1 - f0) / max(t1 - t0, 1)
 
 
 def summarise(log: Path, targets: list[float], window: int) -> dict:
@@ -161,17 +150,11 @@ def run_config(
         # session), and --test-niceness would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            process_group=0,
+            process_group=0, preexec_fn=stopped_with_this_process,
         )  # fmt: skip
-        stderr_lines: list[str] = []
-        # Read stderr in the background so the launcher never blocks on a full pipe.
-        reader = threading.Thread(
-            target=lambda: stderr_lines.extend(proc.stderr),
-            daemon=True,  # type: ignore[arg-type]
-        )
-        reader.start()
+        stderr_lines, reader = read_in_background(proc)
         result: dict = {}
-        stopped_itself = interrupted = False
+        interrupted = False
         try:
             while proc.poll() is None and time.monotonic() - started < minutes * 60:
                 time.sleep(10)
@@ -182,23 +165,18 @@ def run_config(
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the run so far is summarised and kept
             interrupted = True
         finally:  # also on Ctrl-C: main.py runs in a process group of its own, which ^C missed
-            stopped_itself = proc.poll() is not None
-            if not stopped_itself:
-                os.killpg(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:  # deaf to Ctrl-C: no process left behind
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            before_stop = len(stderr_lines)
+            stopped_itself = stop_group(proc)
         reader.join(timeout=10)
         result = summarise(log, targets, window) if log.exists() else {"reached": False}
         stderr = "".join(stderr_lines)
+        steady = steady_frames_per_s("".join(stderr_lines[:before_stop]), warmup)
         result.update(
             {
                 "flags": shlex.join(extra),
                 "command": shlex.join(["python", *cmd[1:]]),
                 "wall_seconds": round(time.monotonic() - started),
-                "frames_per_s": steady_frames_per_s(stderr, warmup),
+                "frames_per_s": None if steady is None else steady[0],
                 "exit_code": proc.returncode,
                 "stopped_itself": stopped_itself,
                 "interrupted": interrupted,
@@ -215,23 +193,29 @@ def run_config(
     return result
 
 
-@contextlib.contextmanager
-def stop_signals() -> Iterator[None]:
-    """Ctrl-C and SIGTERM stop the benchmark the same way, keeping the run so far.
+def kept_before(
+    keep_logs: Path | None, keep_weights: Path | None, env: str, labels: list[str]
+) -> str | None:
+    """Why a run's kept files would overwrite an earlier run's, or None.
 
-    Set here rather than left to Python's default: a process started in the background by a
-    shell without job control (a CI script, ``nohup ... &``) begins with SIGINT ignored.
+    The files are named by configuration (`config_labels`), so a sweep of seeds, envs or
+    worker counts over one configuration needs a folder per run.
     """
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    stem = env.replace("/", "_")
+    for label in labels:
+        for flag, path in (
+            ("--keep-logs", None if keep_logs is None else keep_logs / f"{label}_log"),
+            (
+                "--keep-weights",
+                None if keep_weights is None else keep_weights / f"{label}_{stem}_run.json",
+            ),
+        ):
+            if path is not None and path.exists():
+                return (
+                    f"{flag} {str(path.parent)!r} holds an earlier run's {path.name}; give "
+                    "each run (a seed, say) a folder of its own"
+                )
+    return None
 
 
 def config_labels(configs: list[str]) -> list[str]:
@@ -342,10 +326,15 @@ def main(argv: list[str] | None = None) -> int:
         if refusal is not None:
             print(f"time_to_score.py: error: --config {config!r}: {refusal}", file=sys.stderr)
             return 2
+    labels = config_labels(configs)
+    taken = kept_before(args.keep_logs, args.keep_weights, args.env, labels)
+    if taken is not None:
+        print(f"time_to_score.py: error: {taken}", file=sys.stderr)
+        return 2
     results = []
     failed = False
     with stop_signals(), one_machine_cluster(args.ray_nodes) as address:
-        for config, label in zip(configs, config_labels(configs), strict=True):
+        for config, label in zip(configs, labels, strict=True):
             row = run_config(
                 shlex.split(config), args.env, args.workers, args.minutes, args.targets,
                 args.window, args.test_niceness, args.seed, args.warmup, args.keep_logs, address,

@@ -86,6 +86,26 @@ def run_cli(script: str, *flags: str, timeout: float = 300) -> subprocess.Comple
     )
 
 
+def main_here(flags: list[str], monkeypatch, capsys, through_cli: bool = False) -> tuple[int, str]:
+    """``main.main(flags)`` in this process (or ``python main.py``): exit code and stderr.
+
+    The path ``python main.py`` takes up to its first refusal, without the 3 s a new process
+    spends importing torch; tests of many bad inputs send one `through_cli` to show the two
+    agree and the rest through this.
+    """
+    import main
+
+    if through_cli:
+        result = run_cli("main.py", *flags, timeout=120)
+        return result.returncode, result.stderr
+    monkeypatch.setattr(sys, "argv", ["main.py"])  # argparse's errors name sys.argv[0]
+    try:
+        code = main.main(flags)
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
 def folders(tmp_path: Path) -> list[str]:
     return ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
 

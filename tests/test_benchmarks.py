@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -156,6 +157,115 @@ def test_bench_training_keeps_what_it_measured_when_a_later_run_fails(
     assert '"frames_per_s": 900.0' in out.read_text()
 
 
+def test_frames_per_s_is_read_before_the_stop():
+    """main.py's closing status line counts its shutdown, when no frames are made: the
+    benchmarks read the lines that came before they stopped it."""
+    lines = [
+        f"status 00h 00m {t:02d}s | steps 1 | frames {frames:,} | 1 frames/s\n"
+        for t, frames in ((5, 500), (10, 1_000), (20, 2_000), (30, 3_000))
+    ]
+    assert bench_training.steady_frames_per_s("".join(lines), warmup=8) == (100.0, 20)
+    closing = "status 00h 00m 38s | steps 1 | frames 3,050 | 1 frames/s\n"  # 8 s of shutdown
+    rate, window = bench_training.steady_frames_per_s("".join([*lines, closing]), warmup=8)
+    assert rate < 80 and window == 28  # why the closing line is left out
+    assert bench_training.steady_frames_per_s(lines[0], warmup=0) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_bench_training_stopped_stops_main_py_and_keeps_what_it_measured(tmp_path, signum):
+    """SIGTERM (as a CI job gets; Ctrl-C goes the same way) on the benchmark: the main.py it
+    runs, in a process group of its own that a terminal's Ctrl-C does not reach, stops too;
+    and so it does when the benchmark is killed outright (Linux's parent-death signal)."""
+    out = tmp_path / "modes.json"
+    proc = subprocess.Popen(
+        [sys.executable, "benchmarks/bench_training.py", "--env", "CartPole-v1", "--seconds",
+         "300", "--warmup", "2", "--status-interval", "2", "--no-reference", "--json", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    launchers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _benchmarked_main_py(proc.pid):
+            time.sleep(0.5)
+        launchers = _benchmarked_main_py(proc.pid)
+        assert launchers, "main.py did not start"
+        while time.monotonic() < deadline and len(_groups_left(launchers)) < 3:
+            time.sleep(0.5)  # main.py, its worker and its test process
+        assert len(_groups_left(launchers)) >= 3
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=120)
+        if signum == signal.SIGTERM:
+            assert proc.returncode == 130, stderr[-2000:]
+            assert "bench_training.py: stopped; what was measured is saved" in stderr
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _groups_left(launchers):
+            time.sleep(0.5)
+        assert not _groups_left(launchers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _groups_left(launchers):  # a failed test leaves no training behind
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for_a_test_game(parent: int, env: str) -> None:
+    """Until the main.py a benchmark process runs has logged a test game (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in _benchmarked_main_py(parent):
+            words = live_processes().get(pid, (0, 0, ""))[2].split()
+            if "--log-dir" in words:
+                log = Path(words[words.index("--log-dir") + 1]) / f"{env}_log"
+                if log.exists() and "episode reward" in log.read_text():
+                    return
+        time.sleep(0.5)
+    pytest.fail("main.py logged no test game within 60 s")
+
+
+def _benchmarked_main_py(parent: int) -> list[int]:
+    """The main.py a benchmark process runs (its own process group's leader)."""
+    table = live_processes()
+    return [pid for pid, (ppid, _, cmd) in table.items() if ppid == parent and "main.py" in cmd]
+
+
+def _groups_left(leaders: list[int]) -> set[int]:
+    """Live processes of these process groups: main.py, its workers and test process."""
+    return {pid for pid, (_, group, _) in live_processes().items() if group in leaders}
+
+
+def test_the_overhead_benchmark_refuses_bad_arguments_before_starting_ray(monkeypatch, capsys):
+    monkeypatch.setattr(
+        bench_cluster_overhead, "start_one_machine_cluster", lambda n: pytest.fail("started Ray")
+    )
+    for argv, words in (
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--seconds", "30", "--warmup", "25"], "--seconds 30 must exceed --warmup 25"),
+        (["--flags=--envs-per-workr 8"], "the single run's flags: unrecognized arguments"),
+        (["--cluster-flags=--no-such-flag"], "the cluster run's flags: unrecognized"),
+        (["--flags=--lr 'x"], "No closing quotation"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            bench_cluster_overhead.main(argv)
+        assert stop.value.code == 2
+        assert words in capsys.readouterr().err
+
+
+def test_time_to_score_keeps_no_run_over_an_earlier_ones_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(time_to_score, "run_config", lambda *a: pytest.fail("ran a config"))
+    (tmp_path / "max_steps_400_log").write_text("")
+    argv = ["--keep-logs", str(tmp_path), "--seed", "2", "--config", "--max-steps 400"]
+    assert time_to_score.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"time_to_score.py: error: --keep-logs {str(tmp_path)!r} holds an earlier run's "
+        "max_steps_400_log; give each run (a seed, say) a folder of its own"
+    )
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "default_PongNoFrameskip-v4_run.json").write_text("{}")
+    assert time_to_score.main(["--keep-weights", str(tmp_path / "w")]) == 2
+    assert "holds an earlier run's default_PongNoFrameskip-v4_run.json" in capsys.readouterr().err
+
+
 def test_time_to_score_checks_every_config_before_the_first_run(monkeypatch, capsys):
     monkeypatch.setattr(time_to_score, "run_config", lambda *a: pytest.fail("ran a config"))
     argv = ["--config", "--envs-per-worker 4", "--config", "--envs-per-workr 8"]
@@ -234,7 +344,7 @@ def test_time_to_score_stopped_keeps_the_run_so_far(tmp_path, signum):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
-    time.sleep(25)  # main.py started, and played some test games
+    _wait_for_a_test_game(proc.pid, "CartPole-v1")
     proc.send_signal(signum)  # to the benchmark alone: main.py has a group of its own
     stdout, stderr = proc.communicate(timeout=150)
     assert proc.returncode == 130, stderr[-2000:]

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 import cluster
-import main
 from cluster import (
     ClusterRun,
     ErrorFeedback,
@@ -50,6 +49,7 @@ from tests.conftest import (
     folders,
     live_processes,
     load_pong_dat,
+    main_here,
     make_args,
     run_cli,
 )
@@ -538,18 +538,8 @@ def test_a_node_replacing_a_lost_one_takes_its_step_sizes_and_new_seeds():
     ],
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, message):
-    # main.main() in this process: the path `python main.py` takes, without a torch import
-    # (3 s) per case; the first case goes through the real CLI to show they agree.
-    if flags == ["--nodes", "2"]:
-        result = run_cli("main.py", *flags, *folders(tmp_path), timeout=120)
-        code, stderr = result.returncode, result.stderr
-    else:
-        monkeypatch.setattr(sys, "argv", ["main.py"])  # argparse's errors name sys.argv[0]
-        try:
-            code = main.main([*flags, *folders(tmp_path)])
-        except SystemExit as stop:
-            code = stop.code
-        stderr = capsys.readouterr().err
+    first = flags == ["--nodes", "2"]  # through the real CLI; the rest in this process
+    code, stderr = main_here([*flags, *folders(tmp_path)], monkeypatch, capsys, first)
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines

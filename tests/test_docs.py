@@ -38,6 +38,38 @@ def test_every_relative_link_and_image_points_at_a_file(page):
     assert not missing, f"{page.name} links to missing files: {missing}"
 
 
+def heading_anchors(page) -> set[str]:
+    """The anchors GitHub gives a page's headings (``## Set up a cluster``: set-up-a-cluster)."""
+    anchors: set[str] = set()
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # no headings in code
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n, unique = 0, anchor
+        while unique in anchors:  # a repeated heading gets -1, -2, ...
+            n += 1
+            unique = f"{anchor}-{n}"
+        anchors.add(unique)
+    return anchors
+
+
+def test_every_link_to_a_heading_finds_it():
+    """Links between the pages, and the docs links that the code's messages print."""
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            if "#" not in target or re.match(r"^[a-z]+:", target):
+                continue
+            file, anchor = target.split("#", 1)
+            linked = (page.parent / file).resolve() if file else page
+            if linked.suffix == ".md" and anchor not in heading_anchors(linked):
+                broken.append(f"{page.name}: {target}")
+    for source in [*ROOT.glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        for file, anchor in re.findall(r"((?:docs/)?[\w-]+\.md)#([\w-]+)", source.read_text()):
+            if anchor not in heading_anchors(ROOT / file):
+                broken.append(f"{source.name}: {file}#{anchor}")
+    assert not broken, f"links to headings that do not exist: {broken}"
+
+
 def quick_start_commands() -> list[str]:
     """The python commands of the README's quick-start section (continuations joined)."""
     text = (ROOT / "README.md").read_text()

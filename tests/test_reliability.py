@@ -38,6 +38,7 @@ from tests.conftest import (
     folders,
     group_alive,
     load_pong_dat,
+    main_here,
     make_args,
     run_cli,
     wait_group_gone,
@@ -610,7 +611,9 @@ def bad_dat_files(folder: Path) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
+def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(
+    tmp_path, monkeypatch, capsys
+):
     (tmp_path / "models").mkdir()
     sentinel = tmp_path / "models" / f"{PONG}.dat"
     sentinel.write_bytes(b"keep me")
@@ -637,9 +640,11 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_overwrites_nothing(tmp
         cases.append((["--hidden-size", "32", "--load", "--load-model-dir", folder], message))
     for flags, message in cases:
         base = ["--save-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
-        result = run_cli("main.py", *base, *flags, timeout=120)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2, (flags, result.stderr[-1500:])
+        # The real CLI for the first and for the pickled object, the rest in this process.
+        real = flags is cases[0][0] or "pickled objects" in message
+        code, stderr = main_here([*base, *flags], monkeypatch, capsys, real)
+        lines = stderr.strip().splitlines()
+        assert code == 2, (flags, stderr[-1500:])
         assert len(lines) == 1 and lines[0].startswith("main.py: error: "), (flags, lines)
         assert message in lines[0], (flags, lines[0])
     assert sentinel.read_bytes() == b"keep me"
