@@ -394,10 +394,11 @@ def play_in_processes(
                 owed[(game - 1) % processes] -= 1
                 report(game, result)
     finally:
-        for child in children:
+        started = [child for child in children if child.pid is not None]  # Ctrl-C mid-start
+        for child in started:
             if child.is_alive():
                 child.terminate()
-        for child in children:
+        for child in started:
             child.join()
 
 
@@ -457,7 +458,8 @@ def evaluate(args: EvalConfig) -> dict:
         interrupted = True
         log.warning(
             f"interrupted after {len(by_game)} of {args.num_episodes} games: the summary counts "
-            "the games that ended (the short ones end first)"
+            "the games that ended"
+            + (" (side by side, the short ones end first)" if processes > 1 else "")
         )
     results = [by_game[game] for game in sorted(by_game)]
     rewards = [r.reward for r in results]
@@ -489,7 +491,7 @@ def evaluate(args: EvalConfig) -> dict:
     }
     json_path = Path(args.log_dir) / f"{stem}_eval.json"
     replaced = summarised_model(json_path)
-    if replaced is not None and replaced != summary["model"]:
+    if replaced is not None and Path(replaced).resolve() != model_path.resolve():
         log.warning(
             f"{json_path} held the evaluation of {replaced}; it now holds this one's (give each "
             "model its own --log-dir to keep both)"
@@ -533,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         if evaluate(args)["interrupted"]:
             return INTERRUPTED_EXIT
     except KeyboardInterrupt:
-        print("gym_eval.py: interrupted before any game ended; nothing saved", file=sys.stderr)
+        print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
     except UsageError as err:
         print(f"gym_eval.py: error: {err}", file=sys.stderr)

@@ -472,6 +472,8 @@ class Launcher:
 
     def shutdown(self) -> None:
         """Stop every child, then save the latest weights and the training state."""
+        if self.part != "workers":  # a cluster node's pool: its driver says it
+            self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; the files are saved next")
         if self.before_shutdown is not None:
             try:
                 self.before_shutdown()  # a cluster's driver: the nodes' last exchanges
@@ -582,6 +584,11 @@ class Launcher:
         else:
             self.log.info(message)
         return exit_code
+
+
+STOPPING = "stopping: "
+"""How the line that starts a run's shutdown begins: status lines after it count the
+shutdown's seconds, when no frames are made (the benchmarks read frames/s before it)."""
 
 
 def describe_devices(gpu_ids: tuple[int, ...]) -> str:

@@ -351,6 +351,10 @@ def writing(out: str | Path) -> Iterator[None]:
         raise UsageError(
             f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
         ) from None
+    except (ValueError, cv2.error):  # matplotlib's, Pillow's or OpenCV's: a format unknown
+        raise UsageError(
+            f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------

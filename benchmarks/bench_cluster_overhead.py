@@ -6,7 +6,8 @@ with W workers (``--node-workers``, default 1) on each of the 2 nodes, for ``--s
 each, ``--rounds`` times alternately, reading raw frames/s from the status lines after
 ``--warmup`` seconds (as ``bench_training.py``). The same training flags go to both;
 ``--cluster-flags`` go to the cluster run alone (its opt-in exchange modes). Each run also
-reports where the machine's CPU went over the same window (`cpu_by_role`: seconds of CPU
+reports where the machine's CPU went from the warm-up to 3 s before the stop, by this
+script's clock, nearly the frames' window by main.py's (`cpu_by_role`: seconds of CPU
 per core-second for the workers, the test process, the launcher or driver, the node
 launchers, the parameter server and Ray's own processes), read from ``/proc``. Prints and
 writes JSON; nothing is asserted. The issue's target: the cluster at >= 0.9x the single
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         except KeyboardInterrupt:
-            print("bench_cluster_overhead.py: stopped; what was measured is saved", file=sys.stderr)
+            kept = f"; what was measured is in {args.json}" if args.json else ""
+            print(f"bench_cluster_overhead.py: stopped{kept}", file=sys.stderr)
             return 130
         except RuntimeError as err:  # main.py failed: its last line is in the message
             print(f"bench_cluster_overhead.py: error: {err}", file=sys.stderr)

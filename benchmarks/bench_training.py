@@ -27,13 +27,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_step import main_py_refusal, mode_flags  # noqa: E402
+
+from main import STOPPING  # noqa: E402
 
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
@@ -103,13 +106,14 @@ def role(cmd: str) -> str:
 def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, int] | None:
     """Frames/s from the first status line after `warmup` seconds to the last, and its seconds.
 
-    None with fewer than two such lines. Give it what main.py printed before it was told to
-    stop: the status line it prints as it closes counts its shutdown (saves, the children's
-    exit), when no frames are made.
+    Only the lines before main.py's shutdown began count (`main.STOPPING`): the status line
+    it prints as it closes counts the shutdown's seconds (the children's exit, the saves),
+    when no frames are made. None with fewer than two such lines.
     """
+    running = stderr.split(f" : {STOPPING}", 1)[0]
     points = [
         (int(h) * 3600 + int(m) * 60 + int(s), int(f.replace(",", "")))
-        for h, m, s, f in STATUS.findall(stderr)
+        for h, m, s, f in STATUS.findall(running)
     ]
     steady = [p for p in points if p[0] >= warmup]
     if len(steady) < 2:
@@ -118,20 +122,27 @@ def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, int] | None:
     return (f1 - f0) / max(t1 - t0, 1), t1 - t0
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
 
 
-def stopped_with_this_process() -> None:
-    """Ask Linux to send the child Ctrl-C's SIGINT when the benchmark dies (a ``preexec_fn``).
+def stopped_with(benchmark: int) -> Callable[[], None]:
+    """A ``preexec_fn``: Linux sends the child Ctrl-C's SIGINT when `benchmark` dies.
 
     main.py runs in a process group of its own and has no step budget: a benchmark killed
     with SIGKILL, which no ``finally`` sees, would leave it training forever. With this it
-    stops as on Ctrl-C, saving its files. Only a C call here: the child of a fork must not
-    take locks another thread of the benchmark may hold.
+    stops as on Ctrl-C, saving its files. A benchmark that died before the call leaves the
+    child an orphan at once: it exits before it starts. prctl was looked up at import: the
+    child of a fork must not take locks (the loader's) that another thread may hold.
     """
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGINT)
+            if os.getppid() != benchmark:
+                os._exit(1)
+
+    return preexec
 
 
 def read_in_background(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
@@ -200,7 +211,7 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
         # would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            process_group=0, preexec_fn=stopped_with_this_process,
+            process_group=0, preexec_fn=stopped_with(os.getpid()),
         )  # fmt: skip
         lines, reader = read_in_background(proc)
         peak_rss: dict[str, float] = {}
@@ -216,13 +227,17 @@ def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> 
                     if pid in gpu:
                         peak_gpu[who] = max(peak_gpu.get(who, 0.0), gpu[pid])
                 time.sleep(1.0)
-            before_stop = len(lines)
         finally:
-            stop_group(proc, timeout=60)
+            stopped_itself = stop_group(proc, timeout=60)
         reader.join(timeout=10)
-    steady = steady_frames_per_s("".join(lines[:before_stop]), warmup)
+    last = "".join(lines).strip().splitlines()[-1:] or ["(nothing on stderr)"]
+    if stopped_itself:
+        raise RuntimeError(
+            f"main.py stopped by itself before the {seconds:g} s were over (exit code "
+            f"{proc.returncode}; its last line: {last[0]})"
+        )
+    steady = steady_frames_per_s("".join(lines), warmup)
     if steady is None:
-        last = "".join(lines).strip().splitlines()[-1:] or ["(nothing on stderr)"]
         raise RuntimeError(
             f"main.py gave too few status lines after the warm-up (exit code {proc.returncode}; "
             f"its last line: {last[0]})"
@@ -282,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return measure(args, modes)
         except KeyboardInterrupt:
-            print("bench_training.py: stopped; what was measured is saved", file=sys.stderr)
+            kept = f"; what was measured is in {args.json}" if args.json else ""
+            print(f"bench_training.py: stopped{kept}", file=sys.stderr)
             return 130
 
 

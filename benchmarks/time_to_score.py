@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -50,7 +51,7 @@ from bench_training import (  # noqa: E402
     steady_frames_per_s,
     stop_group,
     stop_signals,
-    stopped_with_this_process,
+    stopped_with,
 )
 
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
@@ -150,7 +151,7 @@ def run_config(
         # session), and --test-niceness would no longer weigh it against them.
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            process_group=0, preexec_fn=stopped_with_this_process,
+            process_group=0, preexec_fn=stopped_with(os.getpid()),
         )  # fmt: skip
         stderr_lines, reader = read_in_background(proc)
         result: dict = {}
@@ -165,12 +166,11 @@ def run_config(
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the run so far is summarised and kept
             interrupted = True
         finally:  # also on Ctrl-C: main.py runs in a process group of its own, which ^C missed
-            before_stop = len(stderr_lines)
             stopped_itself = stop_group(proc)
         reader.join(timeout=10)
         result = summarise(log, targets, window) if log.exists() else {"reached": False}
         stderr = "".join(stderr_lines)
-        steady = steady_frames_per_s("".join(stderr_lines[:before_stop]), warmup)
+        steady = steady_frames_per_s(stderr, warmup)
         result.update(
             {
                 "flags": shlex.join(extra),

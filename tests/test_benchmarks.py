@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import gym_eval
+import main
 import utils
 from environment import MaxAndSkipEnv
 from model import build_model
@@ -157,17 +158,21 @@ def test_bench_training_keeps_what_it_measured_when_a_later_run_fails(
     assert '"frames_per_s": 900.0' in out.read_text()
 
 
-def test_frames_per_s_is_read_before_the_stop():
+def test_frames_per_s_is_read_before_the_shutdown():
     """main.py's closing status line counts its shutdown, when no frames are made: the
-    benchmarks read the lines that came before they stopped it."""
+    benchmarks read the lines before the one that starts the shutdown."""
     lines = [
-        f"status 00h 00m {t:02d}s | steps 1 | frames {frames:,} | 1 frames/s\n"
+        f"2026-11-28 07:00:{t:02d},000 : status 00h 00m {t:02d}s | steps 1 | frames {frames:,}"
+        " | 1 frames/s\n"
         for t, frames in ((5, 500), (10, 1_000), (20, 2_000), (30, 3_000))
     ]
     assert bench_training.steady_frames_per_s("".join(lines), warmup=8) == (100.0, 20)
-    closing = "status 00h 00m 38s | steps 1 | frames 3,050 | 1 frames/s\n"  # 8 s of shutdown
+    stopping = f"2026-11-28 07:00:31,000 : {main.STOPPING}SIGINT received; the files ...\n"
+    closing = "2026-11-28 07:00:38,000 : status 00h 00m 38s | steps 1 | frames 3,050 | 1\n"
+    text = "".join([*lines, stopping, closing])
+    assert bench_training.steady_frames_per_s(text, warmup=8) == (100.0, 20)
     rate, window = bench_training.steady_frames_per_s("".join([*lines, closing]), warmup=8)
-    assert rate < 80 and window == 28  # why the closing line is left out
+    assert rate < 80 and window == 28  # what the closing line would do
     assert bench_training.steady_frames_per_s(lines[0], warmup=0) is None
 
 
@@ -197,7 +202,7 @@ def test_bench_training_stopped_stops_main_py_and_keeps_what_it_measured(tmp_pat
         _, stderr = proc.communicate(timeout=120)
         if signum == signal.SIGTERM:
             assert proc.returncode == 130, stderr[-2000:]
-            assert "bench_training.py: stopped; what was measured is saved" in stderr
+            assert f"bench_training.py: stopped; what was measured is in {out}" in stderr
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and _groups_left(launchers):
             time.sleep(0.5)

@@ -438,6 +438,9 @@ def evaluation_in_its_group(
         [sys.executable, "gym_eval.py", "--env", PONG, "--hidden-size", "32", *flags,
          "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=True,
+        # Ctrl-C's default, as from a terminal: pytest may run with SIGINT ignored (in the
+        # background of a CI script), which a child would inherit.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -570,6 +573,9 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
     assert proc.returncode == 0, stderr[-2000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert "received" in stderr
+    # The shutdown is said as it begins, before the files are saved and the run's last line.
+    stopping = stderr.index(" : stopping: SIG")
+    assert stopping < stderr.index("stopped: SIG")
     assert wait_group_gone(proc.pid) == []
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert not list((tmp_path / "models").glob(".*.tmp"))  # no half-written file left

@@ -250,13 +250,18 @@ def _report_sigint(results, name: str) -> None:
 def test_a_child_started_with_sigint_ignored_ignores_it_from_its_start():
     context = mp.get_context("spawn")
     results = context.Queue()
-    handler = signal.getsignal(signal.SIGINT)
-    with sigint_ignored():
-        child = context.Process(target=_report_sigint, args=(results, "guarded"))
-        child.start()
-    assert signal.getsignal(signal.SIGINT) is handler  # the launcher's own, back
-    unguarded = context.Process(target=_report_sigint, args=(results, "unguarded"))
-    unguarded.start()
+    # Python's own handler, as in a terminal (pytest may start with SIGINT ignored, in the
+    # background of a CI script, and a child would inherit that).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with sigint_ignored():
+            child = context.Process(target=_report_sigint, args=(results, "guarded"))
+            child.start()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # back
+        unguarded = context.Process(target=_report_sigint, args=(results, "unguarded"))
+        unguarded.start()
+    finally:
+        signal.signal(signal.SIGINT, outer)
     # Python's startup ignored it in the first (no KeyboardInterrupt while it starts up) and
     # set its default handler in the second, which a Ctrl-C would interrupt.
     assert dict([results.get(timeout=60), results.get(timeout=60)]) == {

@@ -403,6 +403,8 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
          "cannot write '{file}/c.png' (File exists); choose a folder you can write"),
         (["view", "--steps", "0", "--out", "{file}/v.png"], "cannot write '{file}/v.png'"),
         (["view", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+        (["curve", "{log}", "--out", "{dir}/c.pngx"], "'{dir}/c.pngx': not an image name"),
+        (["view", "--steps", "0", "--out", "{dir}/v.txt"], "'{dir}/v.txt': not an image name"),
     ],
 )  # fmt: skip
 def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
