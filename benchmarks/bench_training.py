@@ -85,10 +85,13 @@ def gpu_memory_mib() -> dict[int, float]:
         )
     except (OSError, subprocess.TimeoutExpired):
         return {}
+    if result.returncode != 0:  # installed, but no driver answers: its message, not a table
+        return {}
     usage = {}
     for line in result.stdout.splitlines():
-        pid, mem = (part.strip() for part in line.split(","))
-        usage[int(pid)] = float(mem)
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            usage[int(parts[0])] = float(parts[1]) if parts[1].replace(".", "").isdigit() else 0.0
     return usage
 
 

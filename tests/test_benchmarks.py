@@ -239,6 +239,17 @@ def _groups_left(leaders: list[int]) -> set[int]:
     return {pid for pid, (_, group, _) in live_processes().items() if group in leaders}
 
 
+def test_gpu_memory_reads_nvidia_smi_and_nothing_when_no_driver_answers(monkeypatch):
+    def answers(returncode: int, stdout: str):
+        return lambda *a, **k: subprocess.CompletedProcess([], returncode, stdout, "")
+
+    monkeypatch.setattr(bench_training.subprocess, "run", answers(0, "123, 456\n77, 8.5\n"))
+    assert bench_training.gpu_memory_mib() == {123: 456.0, 77: 8.5}
+    failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+    monkeypatch.setattr(bench_training.subprocess, "run", answers(9, failed))
+    assert bench_training.gpu_memory_mib() == {}
+
+
 def test_the_overhead_benchmark_refuses_bad_arguments_before_starting_ray(monkeypatch, capsys):
     monkeypatch.setattr(
         bench_cluster_overhead, "start_one_machine_cluster", lambda n: pytest.fail("started Ray")
