@@ -91,7 +91,10 @@ def gpu_memory_mib() -> dict[int, float]:
     for line in result.stdout.splitlines():
         parts = [part.strip() for part in line.split(",")]
         if len(parts) == 2 and parts[0].isdigit():
-            usage[int(parts[0])] = float(parts[1]) if parts[1].replace(".", "").isdigit() else 0.0
+            try:
+                usage[int(parts[0])] = float(parts[1])
+            except ValueError:  # "[N/A]" where the driver cannot say
+                usage[int(parts[0])] = 0.0
     return usage
 
 

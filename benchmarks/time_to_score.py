@@ -54,6 +54,7 @@ from bench_training import (  # noqa: E402
     stopped_with,
 )
 
+from checkpoint import env_file_stem  # noqa: E402
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
 
 
@@ -201,7 +202,7 @@ def kept_before(
     The files are named by configuration (`config_labels`), so a sweep of seeds, envs or
     worker counts over one configuration needs a folder per run.
     """
-    stem = env.replace("/", "_")
+    stem = env_file_stem(env)
     for label in labels:
         for flag, path in (
             ("--keep-logs", None if keep_logs is None else keep_logs / f"{label}_log"),
