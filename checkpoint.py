@@ -94,8 +94,9 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     with _sigterm_cleans_up():
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            os.fchmod(fd, 0o666 & ~current_umask())
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "wb") as f:  # closes fd, whatever happens next
+                with contextlib.suppress(OSError):  # a file system without modes (vfat) refuses
+                    os.fchmod(f.fileno(), 0o666 & ~current_umask())
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())

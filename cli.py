@@ -20,6 +20,8 @@ from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
+SYNC_INTERVAL = 3.0
+"""A cluster node's seconds between exchanges, by default (measured: docs/cluster.md)."""
 
 
 def flag(
@@ -113,11 +115,17 @@ class TrainConfig(CommonConfig):
         help="resume from <load-model-dir><env>_state.pt, or start from <env>.dat without it",
     )
     save_max: bool = flag(
-        False, "-sm", help="save only when a test score matches or beats the best so far"
+        False,
+        "-sm",
+        help="save <env>.dat only when a test score matches or beats the best so far (the "
+        "final weights then go to <env>_last.dat)",
     )
     optimizer: str = flag("Adam", "-o", choices=("Adam", "RMSprop"), help="optimizer")
     save_model_dir: str = flag(
-        "trained_models/", "-smd", help="folder the test process saves <env>.dat to"
+        "trained_models/",
+        "-smd",
+        help="folder for <env>.dat (the test process's saves and the final weights) and "
+        "<env>_state.pt (the training state --load resumes from)",
     )
     gpu_ids: tuple[int, ...] = flag(
         (-1,), "-gp", item=int, help="GPU ids to spread workers over; -1 = CPU only"
@@ -138,8 +146,8 @@ class TrainConfig(CommonConfig):
     )
     test_niceness: int = flag(
         10,
-        help="scheduling niceness of the test process (0-19): with every core busy, higher "
-        "leaves more CPU to the workers and plays test games more slowly; 0 when test games "
+        help="niceness the test process adds to the launcher's (0-19): with every core busy, "
+        "higher leaves more CPU to the workers and plays test games more slowly; 0 when test games "
         "must keep up (e.g. --save-max with a short --test-interval)",
     )
     status_interval: float = flag(
@@ -190,7 +198,7 @@ class TrainConfig(CommonConfig):
     )
     nodes: int = flag(0, help="with --ray-address: machines to train on (0 = every alive node)")
     sync_interval: float = flag(
-        3.0,
+        SYNC_INTERVAL,
         help="with --ray-address: seconds between a node's exchanges with the parameter server",
     )
     exchange_precision: str = flag(
@@ -475,6 +483,16 @@ def validate_train(config: TrainConfig) -> TrainConfig:
             f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
             "host:port (the port 'ray start --head' printed, 6379 by default; an IPv6 host in "
             "brackets, [::1]:6379)"
+        )
+    if not config.ray_address and config.sync_interval != SYNC_INTERVAL:
+        raise UsageError(
+            f"--sync-interval {config.sync_interval:g} needs --ray-address (auto, host:port or "
+            "local); drop it for a single-machine run"
+        )
+    if config.amsgrad and config.optimizer != "Adam":
+        raise UsageError(
+            f"--amsgrad is a variant of Adam and --optimizer is {config.optimizer}; drop "
+            "--amsgrad, or pass --optimizer Adam"
         )
     if not config.ray_address and config.exchange_precision != "fp32":
         raise UsageError(

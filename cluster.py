@@ -53,6 +53,11 @@ RAY_EXCLUDES = [
 STOP_SECONDS = 60.0
 """How long the driver waits for the nodes' final exchange when the run stops."""
 
+SERVER_SECONDS = 60.0
+"""How long the driver waits for one answer of the parameter server (a pull, its figures):
+longer, and the server is taken as lost (hung, or its machine unreachable), so the driver's
+Ctrl-C and the final save never wait on it for good."""
+
 ADOPT_SECONDS = 10.0
 """How often the driver looks for alive nodes without a launcher (a node back, or a new one)."""
 
@@ -343,7 +348,8 @@ class ParameterServer:
         node_steps: each node's own agent steps, as last pushed.
         node_skipped: each node's skipped updates, as last pushed.
         pushes: each node's number of exchanges.
-        bytes_exchanged: bytes pushed and pulled, all nodes together.
+        bytes_exchanged: bytes pushed and pulled in the exchanges, all nodes together (not
+            a launcher's first pull, when it joins).
         round_trips: each node's (exchanges timed, their total milliseconds).
         recent_round_trips: all nodes' (exchanges timed, total milliseconds) since the
             driver's last `pull`, each launcher's first timed exchange left out (its workers
@@ -759,9 +765,10 @@ class NodeLauncher:
             digest of its weights after the last exchange (`weights_digest`), and the folder
             its code was imported from.
         """
-        try:
-            self.pool.start()  # inside: a failed spawn still stops the children already started
-            self.pool.supervise()
+        try:  # inside the try: a failed spawn still stops the children already started
+            if not self.pool.ctx.stopping():  # told to stop before it ran: no workers to start
+                self.pool.start()
+                self.pool.supervise()
         finally:
             self.pool.stop_children()
         self._take_reports()
@@ -832,11 +839,8 @@ def connect(ray: Any, address: str) -> None:
             )
         else:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-    except ValueError as err:  # Ray's "Invalid address format"
-        raise UsageError(
-            f"--ray-address {address!r} is not an address ({err}); pass auto, local or "
-            "host:port (the head's 'ray start --head' prints it)"
-        ) from None
+    except ValueError as err:
+        raise UsageError(init_refusal(address, str(err), os.environ.get("RAY_ADDRESS"))) from None
     except ray.exceptions.AuthenticationError:
         raise UsageError(
             f"--ray-address {address}: the cluster wants a token; {TOKEN_FIX}"
@@ -850,6 +854,25 @@ def connect(ray: Any, address: str) -> None:
                 "port 6379 by default; not the dashboard's 8265 or the client's 10001)"
             ) from None
         raise UsageError(no_cluster(address, str(err))) from None
+
+
+def init_refusal(address: str, why: str, ray_address_env: str | None) -> str:
+    """The one-line error for a ValueError of ``ray.init``: an address, or the upload's size."""
+    why = " ".join(why.split())
+    if why.startswith("Package size"):  # the checkout uploaded to the nodes (`RAY_EXCLUDES`)
+        return (
+            f"{ROOT} is too large to send to the nodes ({why.split('. ')[0]}); move large "
+            "files out of this checkout or list them in a .rayignore file there"
+        )
+    if address == "auto" and ray_address_env:  # Ray's auto reads RAY_ADDRESS first
+        return (
+            f"--ray-address auto read RAY_ADDRESS={ray_address_env!r}, which is not an "
+            f"address ({why}); set it to the head's host:port, or unset it"
+        )
+    return (
+        f"--ray-address {address!r} is not an address ({why}); pass auto, local or "
+        "host:port (the head's 'ray start --head' prints it)"
+    )
 
 
 def no_cluster(address: str, why: str) -> str:
@@ -1018,7 +1041,7 @@ class ClusterRun:
         Returns:
             the nodes' exchanges timed since the last pull and their total milliseconds.
         """
-        pulled = self.ray.get(self.server.pull.remote())
+        pulled = self.ray.get(self.server.pull.remote(), timeout=SERVER_SECONDS)
         set_flat(self.launcher.shared_model, pulled["weights"])
         ctx = self.launcher.ctx
         ctx.steps[0] = pulled["steps"] - self.base_steps
@@ -1162,7 +1185,7 @@ class ClusterRun:
             self.launcher.failed = True  # every node failed or was lost, to the end
         try:
             self.pull()
-            stats = self.ray.get(self.server.stats.remote())
+            stats = self.ray.get(self.server.stats.remote(), timeout=SERVER_SECONDS)
         except self.ray.exceptions.RayError as err:
             self.log.error(f"could not reach the parameter server at the end ({err})")
             stats = {}
@@ -1193,9 +1216,12 @@ def run_cluster(config: TrainConfig) -> int:
     connect(ray, config.ray_address)
     try:
         launcher = prepare(config, part="test")
-        cluster = ClusterRun(ray, config, launcher, log)
-        launcher.on_poll = cluster.poll
-        launcher.before_shutdown = cluster.stop
-        return launcher.run()
+        # From the nodes' start: a Ctrl-C then still stops them with their last exchange and
+        # saves the weights (`Launcher.run`, which catches them too, sees the stop at once).
+        with launcher.signals_caught():
+            cluster = ClusterRun(ray, config, launcher, log)
+            launcher.on_poll = cluster.poll
+            launcher.before_shutdown = cluster.stop
+            return launcher.run()
     finally:
         ray.shutdown()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,18 @@ def resume_from(
             f"training state {where!r} is for --env {saved.get('env')}, not {config.env}; pass "
             "the same --env, or another --load-model-dir"
         )
+    saved_skip = saved.get("skip_rate", config.skip_rate)
+    if frames_per_step(config.env, saved_skip) != frames_per_step(config.env, config.skip_rate):
+        raise UsageError(
+            f"training state {where!r} was saved with --skip-rate {saved_skip}, this run has "
+            f"{config.skip_rate}: resume with the same --skip-rate (its frames count on from "
+            "the saved steps)"
+        )
+    if config.max_steps and state.steps >= config.max_steps:
+        raise UsageError(
+            f"training state {where!r} is at step {state.steps:,}, at or past --max-steps "
+            f"{config.max_steps}: give a larger --max-steps (or 0, no limit) to train on"
+        )
     for flag, key in (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad")):
         if optimizer is not None and key in saved and saved[key] != getattr(config, key):
             raise UsageError(
@@ -128,6 +141,11 @@ def resume_from(
     return state
 
 
+def same_file(path: Path, other: Path, loaded: bool) -> bool:
+    """Whether a run that ``--load``s (`loaded`) reads `other` where it will write `path`."""
+    return loaded and path.resolve() == other.resolve()
+
+
 def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     """Everything before the first process starts; all that can fail on bad input fails here.
 
@@ -146,14 +164,18 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     paths = RunPaths.of(
         config.env, config.log_dir, config.save_model_dir, config.load_model_dir, config.save_max
     )
-    check_writable(config.save_model_dir, "--save-model-dir")
-    check_writable(config.log_dir, "--log-dir")
-    if paths.state.exists() and not config.load:
-        # A forgotten --load would write a fresh model over a long run's weights and its
-        # training state within seconds: the one thing a resume cannot come back from.
+    if paths.state.exists() and not same_file(paths.state, paths.load_state, config.load):
+        # A forgotten --load (or one that reads another folder) would write a fresh model over
+        # a long run's weights and its training state within seconds: the one thing a resume
+        # cannot come back from.
+        resume = (
+            f"--load-model-dir {config.save_model_dir}"
+            if config.load
+            else f"--load (and --load-model-dir {config.save_model_dir})"
+        )
         raise UsageError(
             f"{paths.state} holds an earlier run's training state, which this run would write "
-            "over; add --load to continue that run, or give --save-model-dir another folder "
+            f"over; add {resume} to continue that run, or give --save-model-dir another folder "
             "(or delete the file) to start afresh"
         )
     env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
@@ -180,11 +202,18 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     if optimizer is not None:
         optimizer.share_memory()
 
-    # Only once every check has passed: a bad input stays one line.
-    if paths.model.exists() and not config.load:
+    # Only once every check has passed: a bad input stays one line and leaves no folder behind.
+    check_writable(config.save_model_dir, "--save-model-dir")
+    check_writable(config.log_dir, "--log-dir")
+    if paths.model.exists() and not same_file(paths.model, paths.load_model, config.load):
         log.warning(
-            f"{paths.model} exists and this run will write over it; --load continues from it, "
-            "--save-model-dir keeps it"
+            f"{paths.model} exists and this run will write over it; --load with --load-model-dir "
+            f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"
+        )
+    if paths.record.exists() and not config.load:
+        log.warning(
+            f"{paths.record} holds an earlier run's record and this run will write over it "
+            "(its test games stay in the log); another --log-dir keeps it"
         )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
@@ -502,16 +531,19 @@ class Launcher:
             if not any(proc.is_alive() for proc in self.processes.values()):
                 break
             time.sleep(0.05)
-        for child, proc in self.processes.items():
-            if proc.is_alive():
-                self.log.warning(
-                    f"{child.title} (pid {proc.pid}) did not stop in time; terminating it"
-                )
-                proc.terminate()
-                proc.join(3)
+        # The slow ones all at once: a few seconds in all, not a few per child.
+        slow = {child: proc for child, proc in self.processes.items() if proc.is_alive()}
+        for child, proc in slow.items():
+            self.log.warning(f"{child.title} (pid {proc.pid}) did not stop in time; terminating it")
+            proc.terminate()
+        self._join_all(slow.values(), 3.0)
+        for proc in slow.values():
             if proc.is_alive():
                 proc.kill()
-                proc.join(10)  # a process stuck in the kernel (a hung GPU driver) may not go
+        self._join_all(
+            slow.values(), 10.0
+        )  # one stuck in the kernel (a hung GPU driver) may not go
+        for child, proc in slow.items():
             if proc.is_alive():
                 self.log.error(
                     f"{child.title} (pid {proc.pid}) did not exit after SIGKILL; saving anyway"
@@ -519,6 +551,13 @@ class Launcher:
         self.drain_reports()
         for title, (cause, _) in self.pending_causes.items():
             self.log.error(f"{title} also failed: {cause}")
+
+    @staticmethod
+    def _join_all(processes: Iterable[mp.process.BaseProcess], seconds: float) -> None:
+        """Wait for `processes` to exit, `seconds` at most in all."""
+        deadline = time.monotonic() + seconds
+        for proc in processes:
+            proc.join(max(0.0, deadline - time.monotonic()))
 
     def write_curve(self) -> None:
         """The training curve PNG beside the log, when the run had test games."""
@@ -531,17 +570,30 @@ class Launcher:
         else:
             self.log.info(f"training curve in {self.paths.curve}")
 
+    @contextlib.contextmanager
+    def signals_caught(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the run (`_on_signal`) inside, as they did before outside."""
+        handlers = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
     def run(self) -> int:
-        """Start, supervise, shut down; returns the exit code (0, or 1 if a child failed)."""
+        """Start, supervise, shut down; returns the exit code (`main`'s)."""
+        with self.signals_caught():  # from the first moment: a Ctrl-C always stops and saves
+            return self._run()
+
+    def _run(self) -> int:
         self.monitor.open(
             resumed_from=None if self.resumed is None else str(self.paths.load_state),
             weights_from=str(self.paths.load_model)
             if self.config.load and self.resumed is None
             else None,
         )
-        handlers = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
         cores = os.cpu_count() or 1
         if self.part == "all" and self.config.workers > cores:
             self.log.warning(
@@ -559,10 +611,13 @@ class Launcher:
             self.supervise()
         finally:
             self.shutdown()
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-        exit_code = 1 if self.failed else 0
-        self.monitor.close(self.stop_reason or "done", exit_code)
+        # A final save that failed lost data: scripts must see it, though nothing crashed.
+        exit_code = 1 if self.failed or not (self.final_saved and self.state_saved) else 0
+        try:
+            self.monitor.close(self.stop_reason or "done", exit_code)
+        except OSError as err:
+            self.log.error(f"could not complete the run record {self.paths.record} ({err})")
+            exit_code = 1
         self.write_curve()
         steps = self.ctx.total_steps()
         message = (
@@ -579,7 +634,7 @@ class Launcher:
                 else f"; training state NOT saved to {self.paths.state} (see the error above)"
             )
         )
-        if self.failed:
+        if exit_code:
             self.log.error(message)
         else:
             self.log.info(message)
@@ -597,7 +652,11 @@ def describe_devices(gpu_ids: tuple[int, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the process exit code (0 ok, 1 a process failed, 2 bad input)."""
+    """Entry point: returns the process exit code.
+
+    0 ok; 1 a process failed or a final save (weights, training state, run record) did not
+    happen; 2 bad input.
+    """
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -217,12 +216,36 @@ class RunMonitor:
             self.record["resumed_from"] = resumed_from
         elif weights_from is not None:
             self.record["loaded_weights_from"] = weights_from
-        if resumed_from is not None or weights_from is not None:
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                previous = json.loads(Path(self.record_path).read_text())
+        if (resumed_from is not None or weights_from is not None) and Path(
+            self.record_path
+        ).exists():
+            previous = self._earlier_record()
+            if previous is not None:
                 history = previous.pop("previous_runs", None) or []
                 self.record["previous_runs"] = [*history, previous]
         write_json_atomic(self.record, self.record_path)
+
+    def _earlier_record(self) -> dict[str, Any] | None:
+        """The record of the sittings so far, or None (said, and the file kept aside) if unfit."""
+        path = Path(self.record_path)
+        try:
+            previous = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            reason = str(err)
+        else:
+            if isinstance(previous, dict) and isinstance(previous.get("previous_runs", []), list):
+                return previous
+            reason = "not a run record"
+        kept = path.with_name(path.name + ".unreadable")
+        try:
+            os.replace(path, kept)
+        except OSError:
+            kept = path
+        self.log.warning(
+            f"run record {path} cannot be read ({reason}); this sitting's record starts without "
+            f"the earlier sittings (the file is kept as {kept})"
+        )
+        return None
 
     @property
     def frames(self) -> int:

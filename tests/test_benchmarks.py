@@ -243,7 +243,9 @@ def test_gpu_memory_reads_nvidia_smi_and_nothing_when_no_driver_answers(monkeypa
     def answers(returncode: int, stdout: str):
         return lambda *a, **k: subprocess.CompletedProcess([], returncode, stdout, "")
 
-    monkeypatch.setattr(bench_training.subprocess, "run", answers(0, "123, 456\n77, 8.5\n5, [N/A]\n"))
+    monkeypatch.setattr(
+        bench_training.subprocess, "run", answers(0, "123, 456\n77, 8.5\n5, [N/A]\n")
+    )
     assert bench_training.gpu_memory_mib() == {123: 456.0, 77: 8.5, 5: 0.0}
     failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     monkeypatch.setattr(bench_training.subprocess, "run", answers(9, failed))

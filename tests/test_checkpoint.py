@@ -51,6 +51,16 @@ def test_saved_files_get_the_umasks_mode_not_a_temporary_files(tmp_path, umask):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
 
 
+def test_a_file_system_without_modes_still_gets_the_file(tmp_path, monkeypatch):
+    def refuse(fd, mode):  # vfat, exFAT, some network mounts
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    save_atomic({"w": torch.ones(2)}, tmp_path / "Pong.dat")
+    assert torch.equal(torch.load(tmp_path / "Pong.dat", weights_only=True)["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["Pong.dat"]
+
+
 def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync

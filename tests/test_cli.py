@@ -68,6 +68,7 @@ from utils import UsageError
             "applies to ALE games only",
         ),
         (["--gpu-ids", "0"], "CUDA is not available"),
+        (["--optimizer", "RMSprop", "-a"], "--amsgrad is a variant of Adam and --optimizer is"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
         (["--load", "--load-model-dir", "/nonexistent"], "checkpoint '/nonexistent/"),
     ],
@@ -212,7 +213,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
         "main.py",
         *PONG_FLAGS,
         "--workers", "1",
-        "--max-steps", "40",
+        "--max-steps", "2100",  # on from the first run's 2,000 and more (its last rollouts)
         "--load",
         "--load-model-dir", str(tmp_path / "models"),
         *folders(tmp_path),

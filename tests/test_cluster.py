@@ -74,6 +74,24 @@ def hogwild_update(model: nn.Module, seed: int) -> np.ndarray:
 # -- the exchange arithmetic, without Ray -------------------------------------------------------
 
 
+def test_ray_inits_value_errors_name_what_to_mend():
+    big = (
+        "Package size (600.00MiB) exceeds the maximum size of 512.00MiB. To exclude large "
+        "files, add them to '.gitignore' or '.rayignore' files"
+    )
+    assert cluster.init_refusal("auto", big, None) == (
+        f"{cluster.ROOT} is too large to send to the nodes (Package size (600.00MiB) exceeds "
+        "the maximum size of 512.00MiB); move large files out of this checkout or list them in "
+        "a .rayignore file there"
+    )
+    bad = "Invalid address format: head"
+    assert cluster.init_refusal("auto", bad, "head") == (
+        "--ray-address auto read RAY_ADDRESS='head', which is not an address (Invalid address "
+        "format: head); set it to the head's host:port, or unset it"
+    )
+    assert cluster.init_refusal("h:1", bad, "head").startswith("--ray-address 'h:1' is not an")
+
+
 def test_flat_weights_round_trip_in_place():
     model = net(0)
     model.share_memory()
@@ -526,6 +544,7 @@ def test_a_node_replacing_a_lost_one_takes_its_step_sizes_and_new_seeds():
         (["--ray-address", "::1:6379"], "--ray-address '::1:6379' is not an address"),
         (["--exchange-precision", "fp16"], "--exchange-precision fp16 needs --ray-address"),
         (["--exchange-statistics"], "--exchange-statistics needs --ray-address"),
+        (["--sync-interval", "5"], "--sync-interval 5 needs --ray-address"),
         (
             ["--ray-address", "local", "--exchange-statistics", "--no-shared-optimizer"],
             "--exchange-statistics exchanges the shared optimizer's statistics; drop "

@@ -334,6 +334,55 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="a3g.main"):
         prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *load]))
     assert "write over it" not in caplog.text
+    # Loaded from elsewhere, the saved model is still written over; and an earlier run's record.
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"{PONG}.dat").write_bytes(
+        (tmp_path / "models" / f"{PONG}.dat").read_bytes()
+    )
+    (tmp_path / "logs" / f"{PONG}_run.json").write_text("{}")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+        prepare(
+            parse_train_args([*PONG_SMALL, *folders(tmp_path), *load[:2], str(tmp_path / "in")])
+        )
+    assert caplog.text.count(f"{PONG}.dat exists and this run will write over it") == 2
+    assert caplog.text.count(f"{PONG}_run.json holds an earlier run's record") == 1
+
+
+def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
+    tmp_path, monkeypatch, capsys
+):
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    launcher = prepare(parse_train_args(flags))
+    launcher.ctx.steps[0] = 1500
+    launcher.save_state()
+    state = tmp_path / "models" / f"{PONG}_state.pt"
+    load = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
+    for more, message in (
+        (["--max-steps", "1500"], "is at step 1,500, at or past --max-steps 1500: give a larger"),
+        (["--skip-rate", "2"], "was saved with --skip-rate 4, this run has 2: resume with the"),
+    ):
+        code, err = main_here([*load, *more], monkeypatch, capsys)
+        assert code == 2 and err.startswith(f"main.py: error: training state '{state}' "), err
+        assert message in err and len(err.splitlines()) == 1, err
+    assert prepare(parse_train_args([*load, "--max-steps", "1501"])).resumed.steps == 1500
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"previous_runs": 3}'])
+def test_a_resume_keeps_an_unreadable_run_record_aside_and_says_so(tmp_path, caplog, content):
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    prepare(parse_train_args(flags)).save_state()
+    record = tmp_path / "logs" / f"{PONG}_run.json"
+    record.write_text(content)
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    monitor = prepare(parse_train_args([*flags, *load])).monitor
+    with caplog.at_level("WARNING"):
+        monitor.open(resumed_from=str(tmp_path / "models" / f"{PONG}_state.pt"))
+    assert f"run record {record} cannot be read" in caplog.text
+    assert (tmp_path / "logs" / f"{PONG}_run.json.unreadable").read_text() == content
+    written = json.loads(record.read_text())
+    assert "previous_runs" not in written and written["resumed_from"].endswith("_state.pt")
 
 
 @pytest.mark.slow
@@ -555,7 +604,7 @@ def test_a_failed_save_keeps_the_previous_file_and_training_goes_on(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-2000:]
+    assert proc.returncode == 1, stderr[-2000:]  # the last stretch's weights are not on disk
     assert f"could not save {dat}" in stderr and "the previous file is kept" in stderr
     assert "could not save the training state" in stderr
     assert "--max-steps 300 reached" in stderr
@@ -726,12 +775,48 @@ def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-1500:]
     assert lines[0] == (
         f"main.py: error: {state} holds an earlier run's training state, which this run would "
-        "write over; add --load to continue that run, or give --save-model-dir another folder "
-        "(or delete the file) to start afresh"
+        f"write over; add --load (and --load-model-dir {models}) to continue that run, or give "
+        "--save-model-dir another folder (or delete the file) to start afresh"
     )
     assert state.read_bytes() == b"a long run's state"
     assert (models / f"{PONG}.dat").read_bytes() == b"its weights"
-    assert not (tmp_path / "logs" / f"{PONG}_run.json").exists()
+    assert not (tmp_path / "logs").exists()  # nor a folder made
+
+
+def test_a_load_from_another_folder_never_writes_over_the_save_folders_training_state(
+    tmp_path, monkeypatch, capsys
+):
+    """--load reads --load-model-dir (trained_models/ by default), not --save-model-dir."""
+    models = tmp_path / "models"
+    models.mkdir()
+    state = models / f"{PONG}_state.pt"
+    state.write_bytes(b"a long run's state")
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), other / f"{PONG}.dat")
+    flags = [*folders(tmp_path), "--env", PONG, "--hidden-size", "32", "--load"]
+    code, err = main_here([*flags, "--load-model-dir", str(other)], monkeypatch, capsys)
+    assert code == 2 and err == (
+        f"main.py: error: {state} holds an earlier run's training state, which this run would "
+        f"write over; add --load-model-dir {models} to continue that run, or give "
+        "--save-model-dir another folder (or delete the file) to start afresh\n"
+    )
+    assert state.read_bytes() == b"a long run's state"
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_refused_command_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+    for flags, message in (
+        (["--env", "NoSuchGame-v4"], "NoSuchGame-v4"),
+        (["--env", PONG, "--load"], "--load"),  # no file to load in trained_models/... for 32
+        (["--env", PONG, "--env-config", str(tmp_path / "missing.json")], "missing.json"),
+    ):
+        code, err = main_here(
+            [*folders(tmp_path), *flags, "--hidden-size", "32", "--load-model-dir",
+             str(tmp_path / "none")], monkeypatch, capsys,
+        )  # fmt: skip
+        assert code == 2 and message in err and len(err.splitlines()) == 1, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], flags
 
 
 @pytest.mark.slow
