@@ -940,7 +940,14 @@ class ClusterRun:
     failed (a fatal error, or more worker restarts than allowed) is not restarted.
     """
 
-    def __init__(self, ray: Any, config: TrainConfig, launcher: Any, log: logging.Logger):
+    def __init__(
+        self,
+        ray: Any,
+        config: TrainConfig,
+        launcher: Any,
+        log: logging.Logger,
+        nodes: list[dict[str, Any]],
+    ):
         """Start the parameter server and one node launcher per chosen node.
 
         Args:
@@ -948,12 +955,12 @@ class ClusterRun:
             config: the run's configuration.
             launcher: the driver's `main.Launcher` (part ``test``).
             log: where node events go.
+            nodes: the nodes to start on (`pick_nodes`), the head first.
         """
         self.ray = ray
         self.config = config
         self.launcher = launcher
         self.log = log
-        nodes = pick_nodes(ray, config.nodes)
         head = nodes[0]["NodeID"]
 
         ctx = launcher.ctx
@@ -1215,11 +1222,12 @@ def run_cluster(config: TrainConfig) -> int:
     log = logging.getLogger("a3g.main")
     connect(ray, config.ray_address)
     try:
+        nodes = pick_nodes(ray, config.nodes)  # before prepare makes any folder
         launcher = prepare(config, part="test")
         # From the nodes' start: a Ctrl-C then still stops them with their last exchange and
         # saves the weights (`Launcher.run`, which catches them too, sees the stop at once).
         with launcher.signals_caught():
-            cluster = ClusterRun(ray, config, launcher, log)
+            cluster = ClusterRun(ray, config, launcher, log, nodes)
             launcher.on_poll = cluster.poll
             launcher.before_shutdown = cluster.stop
             return launcher.run()

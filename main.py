@@ -98,7 +98,10 @@ def resume_from(
             f"training state {where!r} is at step {state.steps:,}, at or past --max-steps "
             f"{config.max_steps}: give a larger --max-steps (or 0, no limit) to train on"
         )
-    for flag, key in (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad")):
+    compared = (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad"))
+    if saved.get("optimizer") != "Adam":  # --amsgrad is Adam's: RMSprop's states ignored it
+        compared = compared[:1]
+    for flag, key in compared:
         if optimizer is not None and key in saved and saved[key] != getattr(config, key):
             raise UsageError(
                 f"training state {where!r} was saved with {flag} {saved[key]}, this run has "
@@ -156,7 +159,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
 
     Raises:
         UsageError: a bad GPU id, an unwritable folder, a bad ``config.json`` or env id, an
-            unfit file to ``--load``, an earlier run's training state without ``--load``.
+            unfit file to ``--load``, an earlier run's training state that this run would not
+            resume from (no ``--load``, or one from another folder).
     """
     log = logging.getLogger("a3g.main")
     check_gpus(config.gpu_ids)
@@ -164,7 +168,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     paths = RunPaths.of(
         config.env, config.log_dir, config.save_model_dir, config.load_model_dir, config.save_max
     )
-    if paths.state.exists() and not same_file(paths.state, paths.load_state, config.load):
+    # os.path.exists: False for a folder that cannot be read, which check_writable names below.
+    if os.path.exists(paths.state) and not same_file(paths.state, paths.load_state, config.load):
         # A forgotten --load (or one that reads another folder) would write a fresh model over
         # a long run's weights and its training state within seconds: the one thing a resume
         # cannot come back from.
@@ -601,7 +606,8 @@ class Launcher:
                 f"each run slower; --workers {cores} is usually faster"
             )
         try:
-            self.start()
+            if not self.ctx.stopping():  # a signal while the record was written: none to start
+                self.start()
             where = describe_devices(self.config.gpu_ids)
             self.log.info(
                 f"training {self.config.env} with {self.config.workers} workers"

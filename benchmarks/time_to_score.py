@@ -144,7 +144,7 @@ def run_config(
             *main_py_flags(extra, env, workers, test_niceness, seed, ray_address),
             "--save-model-dir", f"{tmp}/", "--log-dir", f"{tmp}/",
         ]  # fmt: skip
-        log = Path(tmp) / f"{env.replace('/', '_')}_log"
+        log = Path(tmp) / f"{env_file_stem(env)}_log"
         started = time.monotonic()
         # A process group of its own (the stop below signals it), but this session: Linux's
         # autogroup shares the CPU fairly between sessions, so main.py in a session of its own

@@ -725,7 +725,7 @@ def test_more_nodes_than_the_cluster_has_alive_is_one_line_and_exit_2(ray_cluste
         "main.py: error: --nodes 3 asks for more machines than the cluster has alive (2); "
         "pass --nodes 2 or fewer, or add nodes with 'ray start --address ...'"
     ], result.stderr[-3000:]
-    assert not list((tmp_path / "models").glob("*.dat"))
+    assert not list(tmp_path.iterdir())  # no file, no folder
 
 
 @pytest.mark.slow
@@ -761,8 +761,9 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
+    budget = record["finished"]["steps"] + 400  # past the first run's overshoot, whatever it was
     resumed = run_cli(
-        "main.py", *flags, "--max-steps", "1200", "--load", "--exchange-precision", "fp16",
+        "main.py", *flags, "--max-steps", str(budget), "--load", "--exchange-precision", "fp16",
         "--load-model-dir", str(tmp_path / "models"), timeout=240,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -770,7 +771,7 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert "optimizer statistics start afresh on each node" in resumed.stderr
     assert "exchanges every 1 s (fp16)" in resumed.stderr
     again = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
-    assert again["finished"]["steps"] >= 1200
+    assert again["finished"]["steps"] >= budget
     assert again["config"]["exchange_precision"] == "fp16"
     cluster = again["cluster"]
     assert all(count >= 2 for count in cluster["pushes_per_node"].values())

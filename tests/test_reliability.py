@@ -369,6 +369,18 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     assert prepare(parse_train_args([*load, "--max-steps", "1501"])).resumed.steps == 1500
 
 
+def test_an_rmsprop_state_saved_with_amsgrad_still_resumes(tmp_path):
+    """Earlier versions took --amsgrad with RMSprop (which ignores it) and saved it."""
+    flags = [*PONG_SMALL, *folders(tmp_path), "--optimizer", "RMSprop"]
+    prepare(parse_train_args(flags)).save_state()
+    path = tmp_path / "models" / f"{PONG}_state.pt"
+    state = TrainingState.load(path)
+    state.config["amsgrad"] = True
+    state.save(path)
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    assert prepare(parse_train_args([*flags, *load])).resumed is not None
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"previous_runs": 3}'])
 def test_a_resume_keeps_an_unreadable_run_record_aside_and_says_so(tmp_path, caplog, content):
     flags = [*PONG_SMALL, *folders(tmp_path)]
