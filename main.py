@@ -545,9 +545,8 @@ class Launcher:
         for proc in slow.values():
             if proc.is_alive():
                 proc.kill()
-        self._join_all(
-            slow.values(), 10.0
-        )  # one stuck in the kernel (a hung GPU driver) may not go
+        # 10 s: one stuck in the kernel (a hung GPU driver) may not go even then.
+        self._join_all(slow.values(), 10.0)
         for child, proc in slow.items():
             if proc.is_alive():
                 self.log.error(

@@ -233,17 +233,18 @@ class RunMonitor:
         except (OSError, ValueError) as err:
             reason = str(err)
         else:
-            if isinstance(previous, dict) and isinstance(previous.get("previous_runs", []), list):
+            if isinstance(previous, dict) and isinstance(previous.get("previous_runs") or [], list):
                 return previous
             reason = "not a run record"
         kept = path.with_name(path.name + ".unreadable")
         try:
             os.replace(path, kept)
-        except OSError:
-            kept = path
+            where = f"the file is kept as {kept}"
+        except OSError as err:
+            where = f"it could not be kept aside: {err.strerror}"
         self.log.warning(
             f"run record {path} cannot be read ({reason}); this sitting's record starts without "
-            f"the earlier sittings (the file is kept as {kept})"
+            f"the earlier sittings ({where})"
         )
         return None
 

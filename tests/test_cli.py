@@ -609,7 +609,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
     of a few percent). 400k steps, not 600k, keep the suite two minutes shorter there, where
     CartPole trains at ~1,900 frames/s. 4 envs per worker (the README's check since
     2026-11-28) run the 400k steps in ~1 minute instead of 4-5 (~6,900 frames/s against
-    ~2,000 on the AVX512-BF16 machine); seeds 1-3 in fp32 and 1-2 in bf16 gave final weights
+    ~2,000 on a 2-core Intel Xeon with AMX); seeds 1-3 in fp32 and 1-2 in bf16 gave final weights
     of 500.0 over 20 games each ([experiments](docs/experiments.md))."""
     result = run_cli(
         "main.py",
