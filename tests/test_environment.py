@@ -136,9 +136,9 @@ def test_noop_reset_plays_1_to_30_noops():
     env = Recorder(gym.make("PongNoFrameskip-v4"))
     noop = NoopResetEnv(env, 30)
     counts = []
-    for seed in range(120):
+    for game in range(120):
         env.actions.clear()
-        noop.reset(seed=seed)
+        noop.reset(seed=0 if game == 0 else None)  # seeded once: a seeded reset takes 0.27 s
         counts.append(noop.last_noops)
         assert env.actions == [0] * noop.last_noops
         assert ale(noop).getEpisodeFrameNumber() == noop.last_noops

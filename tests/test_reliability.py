@@ -831,8 +831,7 @@ def test_a_refused_command_leaves_no_folder_behind(tmp_path, monkeypatch, capsys
         assert sorted(p.name for p in tmp_path.iterdir()) == [], flags
 
 
-@pytest.mark.slow
-def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
+def test_a_bad_training_state_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     good = A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict()
     cases = {
         "truncated": (b"PK\x03\x04 half a file", "is truncated or not a PyTorch file"),
@@ -853,10 +852,10 @@ def test_a_bad_training_state_is_refused_in_one_line(tmp_path):
             torch.save({"format": 1, "config": {"env": "BreakoutNoFrameskip-v4"}}, path)
         else:
             torch.save({"format": 1, "config": {"env": PONG, "optimizer": "RMSprop"}}, path)
-        result = run_cli(
-            "main.py", "--env", PONG, "--hidden-size", "32", "--load", "--load-model-dir",
-            str(folder), *folders(tmp_path), timeout=120,
+        code, err = main_here(
+            ["--env", PONG, "--hidden-size", "32", "--load", "--load-model-dir", str(folder),
+             *folders(tmp_path)], monkeypatch, capsys, through_cli=name == "truncated",
         )  # fmt: skip
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and len(lines) == 1, (name, result.stderr[-1500:])
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (name, err[-1500:])
         assert message in lines[0], (name, lines[0])
