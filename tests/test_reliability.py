@@ -369,6 +369,27 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     assert prepare(parse_train_args([*load, "--max-steps", "1501"])).resumed.steps == 1500
 
 
+def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
+    """The handlers are set from the run's first moment: a Ctrl-C while the run record is
+    written (or a cluster's nodes start) is a clean stop, not a KeyboardInterrupt."""
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    open_record = launcher.monitor.open
+
+    def interrupted_while_writing(**kwargs):
+        open_record(**kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this thread
+
+    launcher.monitor.open = interrupted_while_writing
+    before = signal.getsignal(signal.SIGINT)
+    assert launcher.run() == 0
+    assert signal.getsignal(signal.SIGINT) is before  # given back
+    assert not launcher.processes and launcher.stop_reason == "SIGINT received"
+    assert (tmp_path / "models" / f"{PONG}.dat").exists()
+    assert (tmp_path / "models" / f"{PONG}_state.pt").exists()
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["finished"]["stop_reason"] == "SIGINT received"
+
+
 def test_an_rmsprop_state_saved_with_amsgrad_still_resumes(tmp_path):
     """Earlier versions took --amsgrad with RMSprop (which ignores it) and saved it."""
     flags = [*PONG_SMALL, *folders(tmp_path), "--optimizer", "RMSprop"]
