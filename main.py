@@ -173,11 +173,10 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         # A forgotten --load (or one that reads another folder) would write a fresh model over
         # a long run's weights and its training state within seconds: the one thing a resume
         # cannot come back from.
-        resume = (
-            f"--load-model-dir {config.save_model_dir}"
-            if config.load
-            else f"--load (and --load-model-dir {config.save_model_dir})"
-        )
+        resume = f"--load-model-dir {config.save_model_dir}"  # what --load reads
+        if not config.load:
+            reads_it = paths.load_state.resolve() == paths.state.resolve()
+            resume = "--load" if reads_it else f"--load {resume}"
         raise UsageError(
             f"{paths.state} holds an earlier run's training state, which this run would write "
             f"over; add {resume} to continue that run, or give --save-model-dir another folder "

@@ -808,7 +808,7 @@ def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-1500:]
     assert lines[0] == (
         f"main.py: error: {state} holds an earlier run's training state, which this run would "
-        f"write over; add --load (and --load-model-dir {models}) to continue that run, or give "
+        f"write over; add --load --load-model-dir {models} to continue that run, or give "
         "--save-model-dir another folder (or delete the file) to start afresh"
     )
     assert state.read_bytes() == b"a long run's state"
