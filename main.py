@@ -144,9 +144,9 @@ def resume_from(
     return state
 
 
-def same_file(path: Path, other: Path, loaded: bool) -> bool:
-    """Whether a run that ``--load``s (`loaded`) reads `other` where it will write `path`."""
-    return loaded and path.resolve() == other.resolve()
+def same_file(path: Path, other: Path) -> bool:
+    """Whether two paths name one file (relative or absolute, through links)."""
+    return path.resolve() == other.resolve()
 
 
 def prepare(config: TrainConfig, part: str = "all") -> Launcher:
@@ -168,15 +168,15 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     paths = RunPaths.of(
         config.env, config.log_dir, config.save_model_dir, config.load_model_dir, config.save_max
     )
+    resumes_it = same_file(paths.state, paths.load_state)  # the state --load would read
     # os.path.exists: False for a folder that cannot be read, which check_writable names below.
-    if os.path.exists(paths.state) and not same_file(paths.state, paths.load_state, config.load):
+    if os.path.exists(paths.state) and not (config.load and resumes_it):
         # A forgotten --load (or one that reads another folder) would write a fresh model over
         # a long run's weights and its training state within seconds: the one thing a resume
         # cannot come back from.
-        resume = f"--load-model-dir {config.save_model_dir}"  # what --load reads
+        resume = f"--load-model-dir {config.save_model_dir}"
         if not config.load:
-            reads_it = paths.load_state.resolve() == paths.state.resolve()
-            resume = "--load" if reads_it else f"--load {resume}"
+            resume = "--load" if resumes_it else f"--load {resume}"
         raise UsageError(
             f"{paths.state} holds an earlier run's training state, which this run would write "
             f"over; add {resume} to continue that run, or give --save-model-dir another folder "
@@ -209,7 +209,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
     check_writable(config.save_model_dir, "--save-model-dir")
     check_writable(config.log_dir, "--log-dir")
-    if paths.model.exists() and not same_file(paths.model, paths.load_model, config.load):
+    if paths.model.exists() and not (config.load and same_file(paths.model, paths.load_model)):
         log.warning(
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "
             f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"

@@ -36,7 +36,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
 from bench_step import main_py_refusal  # noqa: E402
-from bench_training import processes, run_once, stop_signals  # noqa: E402
+from bench_training import processes, run_once, stop_signals, stopped  # noqa: E402
 
 CPU_ROLES = (
     ("Train Agent", "workers"),
@@ -182,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         except KeyboardInterrupt:
-            kept = f"; what was measured is in {args.json}" if args.json else ""
-            print(f"bench_cluster_overhead.py: stopped{kept}", file=sys.stderr)
-            return 130
+            return stopped("bench_cluster_overhead.py", args.json)
         except RuntimeError as err:  # main.py failed: its last line is in the message
             print(f"bench_cluster_overhead.py: error: {err}", file=sys.stderr)
             return 1

@@ -196,6 +196,13 @@ def stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def stopped(script: str, json_path: str | None) -> int:
+    """Say that `script` was stopped (Ctrl-C, SIGTERM) and where its figures are; exit 130."""
+    kept = f"; what was measured is in {json_path}" if json_path else ""
+    print(f"{script}: stopped{kept}", file=sys.stderr)
+    return 130
+
+
 def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> dict:
     """One timed run of main.py; returns frames/s and peak memory per role.
 
@@ -303,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return measure(args, modes)
         except KeyboardInterrupt:
-            kept = f"; what was measured is in {args.json}" if args.json else ""
-            print(f"bench_training.py: stopped{kept}", file=sys.stderr)
-            return 130
+            return stopped("bench_training.py", args.json)
 
 
 def measure(args: argparse.Namespace, modes: dict[str, list[str]]) -> int:
