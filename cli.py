@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from environment import DEFAULT_CONFIG, check_sticky_probability
+from environment import DEFAULT_CONFIG, MAX_EPISODE_FRAMES, check_sticky_probability
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
@@ -274,7 +274,10 @@ Config = TypeVar("Config", TrainConfig, EvalConfig)
 def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
     meta = f.metadata
     names = ["--" + f.name.replace("_", "-"), *meta["short"]]
-    kwargs: dict[str, Any] = {"default": f.default, "help": meta["help"], "dest": f.name}
+    help_text = meta["help"]
+    if "default" not in help_text:  # a help that names its default says it better
+        help_text += f" (default: {shown_default(f.default)})"
+    kwargs: dict[str, Any] = {"default": f.default, "help": help_text, "dest": f.name}
     if isinstance(f.default, bool):
         kwargs["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"
     elif isinstance(f.default, tuple):
@@ -298,9 +301,7 @@ def build_parser(
         description: the ``--help`` text's first line.
         prog: the name errors begin with (argparse's default: the running script's name).
     """
-    parser = OneLineParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = OneLineParser(prog=prog, description=description)
     for f in fields(config_type):
         assert f.default is not MISSING, f"{f.name} needs a default"
         _add_flag(parser, f)
@@ -370,20 +371,23 @@ def flag_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
+def shown_default(default: Any) -> str:
+    """A flag's default as ``--help`` and docs/cli.md show it: on/off, (none), or the value."""
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, tuple):
+        return " ".join(map(str, default)) or "(none)"
+    if default is None or default == "":
+        return "(none)"
+    return str(default)
+
+
 def _flag_row(f: Field) -> str:
     meta = f.metadata
     name = "--" + f.name.replace("_", "-")
     if isinstance(f.default, bool) and meta["negatable"]:
         name += f" / --no-{f.name.replace('_', '-')}"
-    default = f.default
-    if isinstance(default, bool):
-        shown = "on" if default else "off"
-    elif isinstance(default, tuple):
-        shown = " ".join(map(str, default)) or "(none)"
-    elif default is None or default == "":
-        shown = "(none)"
-    else:
-        shown = str(default)
+    shown = shown_default(f.default)
     meaning = meta["help"].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     if meta["choices"] is not None:
         meaning += f" (one of: {', '.join(meta['choices'])})"
@@ -403,9 +407,6 @@ def as_dict(config: CommonConfig) -> dict[str, Any]:
 
 MAX_SEED = 2**32 - 1
 """The largest ``--seed`` (numpy's range; each worker's and env's seed is offset from it)."""
-
-MAX_EPISODE_FRAMES = 2**31 - 1
-"""ALE takes the episode cap in raw frames as a 32-bit int (``max_num_frames_per_episode``)."""
 
 
 def _validate_common(config: CommonConfig) -> None:

@@ -20,6 +20,8 @@ from gymnasium.envs.registration import EnvSpec
 from utils import UsageError, require_at_least
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+MAX_EPISODE_FRAMES = 2**31 - 1
+"""ALE takes the episode cap in raw frames as a 32-bit int (``max_num_frames_per_episode``)."""
 ALE_DEFAULT_MAX_FRAMES = 108_000
 """ALE cuts every episode at this many raw frames unless told otherwise."""
 NOOP_MAX = 30
@@ -186,6 +188,7 @@ def protocol(
     skip_rate: int,
     max_episode_length: int,
     repeat_action_probability: float | None = None,
+    stall_steps: int = 0,
 ) -> dict[str, Any]:
     """How games are played, for every result that gives a score: the evaluation protocol.
 
@@ -199,11 +202,15 @@ def protocol(
         ``[low, high]`` range for the old random-skip ids); ``max_pool_frames`` (whether the
         observation is the max over the last frames of the window); ``noop_starts`` (most
         random no-ops after a reset, 0 = none); ``episode_cap_steps`` (agent steps before a game
-        is cut). Outside Atari: ``env`` and ``episode_cap_steps`` only.
+        is cut). Outside Atari: ``env`` and ``episode_cap_steps`` only. With ``--stall-steps``,
+        also ``stall_steps`` (agent steps without a reward after which a game is cut: it
+        changes scores, so a result shows it).
     """
     spec = lookup_spec(env_id)
+    stall = {"stall_steps": stall_steps} if stall_steps else {}
     if spec.entry_point != ATARI_ENTRY_POINT:
-        return {"env": env_id, "episode_cap_steps": vector_episode_cap(spec, max_episode_length)}
+        cap = vector_episode_cap(spec, max_episode_length)
+        return {"env": env_id, "episode_cap_steps": cap, **stall}
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
     skip: int | list[int] = skip_rate if we_skip else ale_skip
@@ -216,6 +223,7 @@ def protocol(
         "max_pool_frames": we_skip,
         "noop_starts": NOOP_MAX if we_skip else 0,
         "episode_cap_steps": max_episode_length,
+        **stall,
     }
 
 
@@ -481,6 +489,12 @@ def atari_env(
         skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1)
     )
     max_frames = max_episode_length * step_frames
+    if max_frames > MAX_EPISODE_FRAMES:  # cli checks --skip-rate's; this the id's own skip
+        raise UsageError(
+            f"--max-episode-length {max_episode_length} x {env_id}'s {step_frames} frames a "
+            f"step is {max_frames:,} raw frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
+            f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
+        )
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
     if repeat_action_probability is not None:
         make_kwargs["repeat_action_probability"] = repeat_action_probability

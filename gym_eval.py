@@ -53,11 +53,21 @@ QUIET_TAIL_STEPS = 2000
 """A game cut by the time limit with no reward in this many last steps is said to have stalled."""
 
 
+class EvaluationProcessError(RuntimeError):
+    """A process of a parallel evaluation died or failed (not on a bad input)."""
+
+
 class VideoRecorder:
-    """Writes one game's frames to an MP4 file with OpenCV (already a dependency)."""
+    """Writes one game's frames to an MP4 file with OpenCV (already a dependency).
+
+    The frames go to ``<name>.partial.mp4`` beside the file, renamed to the file by `close`:
+    a game stopped part-way (Ctrl-C, a killed process) never leaves a short video under a
+    game's name, nor a half-written one over an earlier file.
+    """
 
     def __init__(self, path: Path, fps: float = VIDEO_FPS):
         self.path = path
+        self.partial = path.with_name(f"{path.stem}.partial{path.suffix}")
         self.fps = fps
         self.writer: cv2.VideoWriter | None = None
 
@@ -67,15 +77,24 @@ class VideoRecorder:
             height, width = frame.shape[:2]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fourcc = cv2.VideoWriter_fourcc(*"mp4v")
-            self.writer = cv2.VideoWriter(str(self.path), fourcc, self.fps, (width, height))
+            self.writer = cv2.VideoWriter(str(self.partial), fourcc, self.fps, (width, height))
             if not self.writer.isOpened():
                 raise UsageError(f"cannot write video {str(self.path)!r}; check --video-dir")
         self.writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
 
     def close(self) -> None:
-        """Finish the file."""
+        """Finish the file and give it its name."""
         if self.writer is not None:
             self.writer.release()
+            self.writer = None
+            os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        """Drop the frames written so far (a game that did not end)."""
+        if self.writer is not None:
+            self.writer.release()
+            self.writer = None
+            self.partial.unlink(missing_ok=True)
 
 
 class DemoFrames:
@@ -148,7 +167,9 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
     )
 
 
-def training_record(log_dir: str, model_path: Path) -> dict | None:
+def training_record(
+    log_dir: str, model_path: Path, log: logging.Logger | None = None
+) -> dict | None:
     """What the run record in `log_dir` says about how the model was trained, if present.
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
@@ -158,6 +179,8 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
     sitting's and ``commands`` every sitting's in order (the later ones resumed it with
     ``--load``, some with other flags: a new lr, another precision on another machine), up to
     the last that finished (`monitor.counted_sittings`: one still running is not counted).
+    A record this version cannot read is left out (with a warning on `log`): it never stops
+    an evaluation.
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     if not path.exists() and model_path.stem.endswith(LAST_SAVE_SUFFIX):
@@ -166,18 +189,27 @@ def training_record(log_dir: str, model_path: Path) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if not isinstance(record, dict):
+    try:
+        if not isinstance(record, dict):
+            raise TypeError("not a JSON object")
+        totals = run_totals(record)
+        sittings = counted_sittings(record)
+        commands = [s.get("command") for s in sittings]
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        if log is not None:
+            log.warning(
+                f"{path} is not a run record this version reads ({err}); the summary's "
+                "training entry is left empty"
+            )
         return None
-    totals = run_totals(record)
-    sittings = counted_sittings(record)
     return {
         "frames": totals["frames"],
         "seconds": totals["seconds"],
         "sittings": totals["sittings"],
         "restarts": totals["restarts"],
         "hardware": record.get("hardware"),
-        "command": next((s["command"] for s in sittings if s.get("command")), None),
-        "commands": [s.get("command") for s in sittings],
+        "command": next((command for command in commands if command), None),
+        "commands": commands,
         "protocol": record.get("protocol"),
         "record": str(path),
     }
@@ -260,9 +292,11 @@ def play_games(
                     on_frame=on_frame if render_mode else None,
                     should_stop=should_stop,
                 )
+                if recorder is not None and result.ending != STOPPED:
+                    recorder.close()
             finally:
                 if recorder is not None:
-                    recorder.close()
+                    recorder.discard()  # a game stopped or failed part-way: no video of it
             if result.ending == STOPPED:
                 return
             if demo is not None and demo.frames:
@@ -340,7 +374,8 @@ def play_in_processes(
     Raises:
         UsageError: a process hit a bad value (e.g. an unwritable --video-dir).
         gym.error.DependencyNotInstalled: drawing the game needs a package not installed.
-        RuntimeError: a process failed otherwise (its traceback in the message) or died.
+        EvaluationProcessError: a process failed otherwise (its traceback in the message) or
+            died.
     """
     processes = min(args.processes, args.num_episodes)
     shares = [range(p + 1, args.num_episodes + 1, processes) for p in range(processes)]
@@ -369,7 +404,7 @@ def play_in_processes(
                     try:
                         return results.get(timeout=0.5)
                     except queue.Empty:
-                        raise RuntimeError(
+                        raise EvaluationProcessError(
                             f"evaluation process {child.name} ended (exit code "
                             f"{child.exitcode}) with {owed[p]} of its games unplayed"
                         ) from None
@@ -388,7 +423,7 @@ def play_in_processes(
                     raise UsageError(text)
                 if kind == "dependency":
                     raise gym.error.DependencyNotInstalled(text)
-                raise RuntimeError(f"an evaluation process failed:\n{text}")
+                raise EvaluationProcessError(f"an evaluation process failed:\n{text}")
             else:
                 _, game, result = message
                 owed[(game - 1) % processes] -= 1
@@ -419,10 +454,11 @@ def evaluate(args: EvalConfig) -> dict:
         check_writable(args.demo_dir, "--demo-dir")
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
-    training = training_record(args.log_dir, model_path)  # before the games: a bad record
+    training = training_record(args.log_dir, model_path, log)  # its warning before the games
     played = protocol(
-        args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability
-    )
+        args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability,
+        args.stall_steps,
+    )  # fmt: skip
     sticky = played.get("repeat_action_probability")
     processes = min(args.processes, args.num_episodes)
     if processes > (os.cpu_count() or 1):
@@ -523,7 +559,8 @@ def summarised_model(json_path: Path) -> str | None:
         summary = json.loads(json_path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return summary.get("model") if isinstance(summary, dict) else None
+    model = summary.get("model") if isinstance(summary, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -547,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except EvaluationProcessError as err:  # a game process died or failed: no summary
+        print(f"gym_eval.py: error: {err}; no summary saved", file=sys.stderr)
+        return 1
     return 0
 
 

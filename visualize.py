@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -245,8 +246,8 @@ def plot_curve(
     fig.suptitle(title or f"{Path(logs[-1]).name}{before}: {len(games)} test games")
     fig.tight_layout()
     try:
-        with writing(out):
-            fig.savefig(out)
+        with writing(out) as partial:
+            fig.savefig(partial)
     finally:
         plt.close(fig)
     return Path(out)
@@ -330,23 +331,29 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
 def write_png(image: np.ndarray, out: str | Path) -> Path:
     """Save an RGB array as PNG."""
     out = Path(out)
-    with writing(out):
-        written = cv2.imwrite(str(out), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
-    if not written:
-        raise UsageError(f"cannot write {str(out)!r}; choose a folder you can write")
+    with writing(out) as partial:
+        if not cv2.imwrite(str(partial), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
+            raise UsageError(f"cannot write {str(out)!r}; choose a folder you can write")
     return out
 
 
 @contextlib.contextmanager
-def writing(out: str | Path) -> Iterator[None]:
-    """Make `out`'s folder, then write `out` in the block; a failure is one line.
+def writing(out: str | Path) -> Iterator[Path]:
+    """Make `out`'s folder; the block writes the path it gets, which then becomes `out`.
+
+    The block writes ``<stem>.partial<suffix>`` beside `out` (the suffix kept, so each
+    library still picks the format by it), renamed to `out` when the block ends: an
+    interrupted or failed write leaves `out` as it was (a shipped GIF is never half-written).
 
     Raises:
         UsageError: the folder cannot be made or the file written, naming the file.
     """
+    out = Path(out)
+    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
     try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        yield
+        out.parent.mkdir(parents=True, exist_ok=True)
+        yield partial
+        os.replace(partial, out)
     except OSError as err:
         raise UsageError(
             f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
@@ -355,6 +362,9 @@ def writing(out: str | Path) -> Iterator[None]:
         raise UsageError(
             f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
         ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,9 +380,9 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
         raise ValueError("expected at least one frame, got none")
     out = Path(out)
     images = [Image.fromarray(f) for f in frames]
-    with writing(out):
+    with writing(out) as partial:
         images[0].save(
-            out, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
+            partial, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
         )
     return out
 
@@ -392,10 +402,12 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
     """
     if not protocol:
         return "?"
+    stall = protocol.get("stall_steps")
+    stalled = f", games cut after {stall:,} steps without a reward" if stall and full else ""
     if "repeat_action_probability" not in protocol:  # `environment.protocol` outside Atari
         if not full:
             return "(not an ALE game)"
-        return f"not an ALE game, cap {protocol['episode_cap_steps']:,} steps"
+        return f"not an ALE game, cap {protocol['episode_cap_steps']:,} steps{stalled}"
     sticky = protocol["repeat_action_probability"]
     parts = [f"sticky {sticky:g}" if sticky else "deterministic"]
     if full:
@@ -408,7 +420,7 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
         if noops is not None:
             parts.append(f"1-{noops} no-op starts" if noops else "no no-op starts")
         parts.append(f"cap {protocol['episode_cap_steps']:,} steps")
-    return ", ".join(parts) or "?"
+    return ", ".join(parts) + stalled
 
 
 FOLDER_FLAGS = ("--save-model-dir", "-smd", "--load-model-dir", "-lmd", "--log-dir", "-lg", "-lgd")
@@ -486,32 +498,43 @@ def results_table(paths: list[str | Path]) -> str:
             raise UsageError(
                 f"{str(path)!r} is not a gym_eval.py summary; pass <log-dir><env>_eval.json files"
             )
-        training = summary.get("training") or {}
-        games = f"{summary['games']}" + (" (interrupted)" if summary.get("interrupted") else "")
-        frames = training.get("frames")
-        seconds = training.get("seconds")
-        rows.append(
-            "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
-            "| {best:g} | {games} | `{cmd}`{resumed} |".format(
-                env=summary["env"],
-                played=describe_protocol(summary.get("protocol")),
-                trained=describe_protocol(training.get("protocol"), full=False),
-                frames=f"{frames:,}" if frames is not None else "?",
-                wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
-                hw=training.get("hardware") or "?",
-                mean=summary["mean"],
-                std=summary["std"],
-                best=summary["best"],
-                games=games,
-                cmd=without_folders(training.get("command") or "?"),
-                resumed=resumed_note(
-                    training.get("sittings", 1),
-                    training.get("restarts", 0),
-                    training.get("commands"),
-                ),
-            )
-        )
+        try:
+            rows.append(_results_row(summary))
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise UsageError(
+                f"{str(path)!r} is not a gym_eval.py summary this version reads ({err!r}); "
+                "evaluate the model again to remake it"
+            ) from None
     return "\n".join(rows)
+
+
+def _results_row(summary: dict[str, Any]) -> str:
+    """One row of `results_table` (a value of the wrong type raises TypeError or ValueError)."""
+    training = summary.get("training") or {}
+    games = f"{summary['games']}" + (" (interrupted)" if summary.get("interrupted") else "")
+    frames = training.get("frames")
+    seconds = training.get("seconds")
+    return (
+        "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
+        "| {best:g} | {games} | `{cmd}`{resumed} |".format(
+            env=summary["env"],
+            played=describe_protocol(summary.get("protocol")),
+            trained=describe_protocol(training.get("protocol"), full=False),
+            frames=f"{frames:,}" if frames is not None else "?",
+            wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
+            hw=training.get("hardware") or "?",
+            mean=summary["mean"],
+            std=summary["std"],
+            best=summary["best"],
+            games=games,
+            cmd=without_folders(training.get("command") or "?"),
+            resumed=resumed_note(
+                training.get("sittings", 1),
+                training.get("restarts", 0),
+                training.get("commands"),
+            ),
+        )
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -239,8 +239,9 @@ def test_gym_eval_records_videos(tmp_path):
         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    videos = list((tmp_path / "logs" / "videos").glob("*.mp4"))
-    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+    videos = list((tmp_path / "logs" / "videos").iterdir())
+    assert [v.name for v in videos] == [f"{PONG}_game0001.mp4"]  # named once the game ended
+    assert videos[0].stat().st_size > 1000
 
 
 @pytest.mark.slow

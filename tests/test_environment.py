@@ -365,6 +365,13 @@ def test_protocol_says_how_games_are_played():
     assert protocol("CartPole-v1", 4, 200) == {"env": "CartPole-v1", "episode_cap_steps": 200}
     # --max-episode-length only shortens a non-ALE env's own limit: CartPole's 500 stays.
     assert protocol("CartPole-v1", 4, 10000)["episode_cap_steps"] == 500
+    assert protocol("PongNoFrameskip-v4", 4, 10000, stall_steps=2000)["stall_steps"] == 2000
+
+
+def test_an_episode_cap_past_what_ale_counts_is_refused_for_the_ids_own_skip():
+    # cli checks --max-episode-length x --skip-rate; ALE/Pong-v5 skips 4 whatever --skip-rate.
+    with pytest.raises(UsageError, match="--max-episode-length 536870911 or less"):
+        make_env("ALE/Pong-v5", {}, 600_000_000, skip_rate=1)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])

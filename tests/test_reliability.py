@@ -6,6 +6,7 @@ Each test kills, corrupts or feeds bad input for real, through the real code or 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
@@ -244,7 +245,7 @@ def test_run_totals_add_the_chains_of_sittings():
     assert run_totals(later) == {"frames": 100, "seconds": 1.0, "sittings": 1, "restarts": 0}
 
 
-def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
+def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
     from gym_eval import training_record
 
     first = {"command": "python main.py --first", "finished": {"frames": 100, "seconds": 60.0}}
@@ -280,6 +281,27 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path):
     assert training_record(str(tmp_path), Path("Game_last.dat"))["frames"] == 100
     (tmp_path / "List_run.json").write_text("[1, 2]")
     assert training_record(str(tmp_path), Path("List.dat")) is None
+    # A record of the wrong shape is left out with a warning: it never stops an evaluation.
+    log = logging.getLogger("test.training_record")
+    for bad in ({"previous_runs": 1}, {"finished": {"frames": "12"}}):
+        (tmp_path / "Bad_run.json").write_text(json.dumps(bad))
+        with caplog.at_level("WARNING", logger=log.name):
+            assert training_record(str(tmp_path), Path("Bad.dat"), log) is None
+        assert "is not a run record this version reads" in caplog.text
+        caplog.clear()
+
+
+def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
+    from gym_eval import summarised_model
+
+    path = tmp_path / "Game_eval.json"
+    for content, model in (
+        ('{"model": ["x"]}', None),
+        ('{"model": "a.dat"}', "a.dat"),
+        ("[1]", None),
+    ):
+        path.write_text(content)
+        assert summarised_model(path) == model
 
 
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):

@@ -14,6 +14,7 @@ from PIL import Image
 
 from environment import protocol
 from tests.conftest import ROOT
+from utils import UsageError
 from visualize import (
     TestGame,
     describe_milestone,
@@ -287,6 +288,38 @@ def test_gif_writer_keeps_every_frame(tmp_path):
         assert gif.info["loop"] == 0
 
 
+def test_an_interrupted_write_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
+    from PIL import Image as PILImage
+
+    frames = [np.full((21, 16, 3), 10 * i, dtype=np.uint8) for i in range(3)]
+    path = write_gif(frames, tmp_path / "x.gif")
+    before = path.read_bytes()
+
+    def interrupted(self, fp, *args, **kwargs):
+        Path(fp).write_bytes(b"GIF89a half")  # part of the file, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PILImage.Image, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_gif(frames[::-1], path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.gif"]
+
+
+def test_a_game_video_gets_its_name_only_when_the_game_ended(tmp_path):
+    from gym_eval import VideoRecorder
+
+    frame = np.zeros((210, 160, 3), np.uint8)
+    ended, stopped = (VideoRecorder(tmp_path / f"{name}.mp4") for name in ("ended", "stopped"))
+    for recorder in (ended, stopped):
+        recorder.add(frame)
+        recorder.add(frame)
+    ended.close()
+    ended.discard()  # what play_games's finally does after every game: nothing left to drop
+    stopped.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ended.mp4"]
+    assert (tmp_path / "ended.mp4").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
     import gymnasium as gym
@@ -391,6 +424,15 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     assert cells[1:3] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
     assert cells[5] == "?"  # a record without hardware
     assert cells[8] == "37 (interrupted)"
+    # --stall-steps changes scores, so a row says it; a summary with a value of the wrong
+    # type is one line, not a traceback.
+    summary["protocol"] = protocol("CartPole-v1", 4, 10000, stall_steps=200)
+    path.write_text(json.dumps(summary))
+    cells = results_table([path]).splitlines()[2].split(" | ")
+    assert cells[1] == "not an ALE game, cap 500 steps, games cut after 200 steps without a reward"
+    path.write_text(json.dumps({**summary, "mean": "a"}))
+    with pytest.raises(UsageError, match="is not a gym_eval.py summary this version reads"):
+        results_table([path])
 
 
 @pytest.mark.parametrize(
