@@ -36,7 +36,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
 from bench_step import main_py_refusal  # noqa: E402
-from bench_training import processes, run_once, stop_signals, stopped  # noqa: E402
+from bench_training import output_file, processes, run_once, stop_signals, stopped  # noqa: E402
+
+from checkpoint import write_json_atomic  # noqa: E402
 
 CPU_ROLES = (
     ("Train Agent", "workers"),
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
+    output_file(parser, "--json", args.json)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.seconds <= args.warmup + 2 * STATUS_SECONDS:
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         result["window_s"] = windows
         result["cpu_by_role"] = cpu
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            write_json_atomic(result, args.json)
 
     with stop_signals():
         cluster = None

@@ -16,7 +16,6 @@ conv arithmetic of one agent step, and what it would cost at the matmul rate is 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -29,7 +28,9 @@ import torch.nn.functional as F  # noqa: N812
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_networks import time_call  # noqa: E402
+from bench_training import output_file  # noqa: E402
 
+from checkpoint import write_json_atomic  # noqa: E402
 from fast_path import BACKWARD_CHUNK  # noqa: E402
 from model import A3Clstm  # noqa: E402
 from utils import UsageError, check_precision  # noqa: E402
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20, help="timed calls per median")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
+    output_file(p, "--json", args.json)
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got {args.batch}")
     if args.repeats < 1:
@@ -139,19 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         f"at the matmul rate {floor:.2f} ms"
     )
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "matmul_gflops": peak,
-                    "batch": args.batch,
-                    "precision": args.precision,
-                    "layers": rows,
-                    "ms_per_step": spent,
-                    "floor_ms_per_step": floor,
-                },
-                indent=2,
-            )  # fmt: skip
-        )
+        results = {
+            "matmul_gflops": peak, "batch": args.batch, "precision": args.precision,
+            "layers": rows, "ms_per_step": spent, "floor_ms_per_step": floor,
+        }  # fmt: skip
+        write_json_atomic(results, args.json)
     return 0
 
 

@@ -39,7 +39,9 @@ sys.path.insert(0, str(ROOT))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 import gymnasium as gym  # noqa: E402
+from bench_training import output_file  # noqa: E402
 
+from checkpoint import write_json_atomic  # noqa: E402
 from cluster import ParameterServer, StatisticsSync, WeightSync, flat_weights  # noqa: E402
 from model import A3Clstm  # noqa: E402
 from shared_optim import SharedAdam  # noqa: E402
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=str, default="")
     args = parser.parse_args(argv)
+    output_file(parser, "--json", args.json)
 
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.shutdown()
     print(json.dumps(result, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_json_atomic(result, args.json)
     return 0
 
 

@@ -27,7 +27,6 @@ as in a worker.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import subprocess
@@ -41,6 +40,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_training import output_file  # noqa: E402
+
+from checkpoint import write_json_atomic  # noqa: E402
 from fast_path import (  # noqa: E402
     EncoderTape,
     act_recorded,
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-only", action="store_true", help="skip the GPU even if present")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    output_file(p, "--json", args.json)
     if args.repeats < 4:
         print(
             f"bench_networks.py: error: --repeats must be at least 4, got {args.repeats}",
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": 1,
     }
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+        write_json_atomic({"machine": machine, "results": results}, args.json)
     return 0
 
 

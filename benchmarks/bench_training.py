@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import json
 import os
 import re
 import signal
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_step import main_py_refusal, mode_flags  # noqa: E402
 
+from checkpoint import write_json_atomic  # noqa: E402
 from main import STOPPING  # noqa: E402
 
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
@@ -196,9 +196,38 @@ def stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def stopped(script: str, json_path: str | None) -> int:
+def output_file(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
+    """Refuse (``parser.error``) an output file `path` that cannot be written, before any run.
+
+    A folder, or a file in a folder that is missing or not writable, would otherwise fail
+    only when the first results are written, after minutes of measuring.
+    """
+    if not path:
+        return
+    path = Path(path)
+    if path.is_dir():
+        parser.error(f"{flag} {path} is a folder; give a file name (e.g. results.json)")
+    if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        parser.error(
+            f"{flag} {path}: cannot write in {str(path.parent)!r}; make it or pick another"
+        )
+
+
+def output_folder(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
+    """Refuse (``parser.error``) an output folder `path` that is a file or cannot be made."""
+    if not path:
+        return
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the root always exists
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        parser.error(f"{flag} {path}: {str(existing)!r} is not a folder this user can write")
+
+
+def stopped(script: str, json_path: str | Path | None) -> int:
     """Say that `script` was stopped (Ctrl-C, SIGTERM) and where its figures are; exit 130."""
-    kept = f"; what was measured is in {json_path}" if json_path else ""
+    kept = (
+        f"; what was measured is in {json_path}" if json_path and Path(json_path).exists() else ""
+    )
     print(f"{script}: stopped{kept}", file=sys.stderr)
     return 130
 
@@ -286,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    output_file(p, "--json", args.json)
     if args.seconds <= args.warmup + 2 * args.status_interval:
         print(
             f"bench_training.py: error: --seconds {args.seconds:g} must exceed --warmup "
@@ -328,13 +358,13 @@ def measure(args: argparse.Namespace, modes: dict[str, list[str]]) -> int:
                 return 1
             row["modes"][mode] = {**run, "flags": " ".join(flags)}
             if args.json:  # after every run: a failure later keeps what was measured
-                Path(args.json).write_text(json.dumps(results, indent=2))
+                write_json_atomic(results, args.json)
         reference = row["modes"].get("reference")
         for result in row["modes"].values():
             if reference is not None:
                 result["speedup"] = result["frames_per_s"] / reference["frames_per_s"]
         if args.json:  # with the speed-ups: a later worker count may fail
-            Path(args.json).write_text(json.dumps(results, indent=2))
+            write_json_atomic(results, args.json)
         for mode, result in row["modes"].items():
             ratio = f", {result['speedup']:.2f}x the reference" if "speedup" in result else ""
             print(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import logging
 import os
 import sys
@@ -32,10 +31,10 @@ import gymnasium as gym
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from checkpoint import checkpoint_path  # noqa: E402
+from checkpoint import checkpoint_path, write_json_atomic  # noqa: E402
 from cli import EvalConfig, parse_eval_args  # noqa: E402
 from environment import register_games  # noqa: E402
-from gym_eval import play_games  # noqa: E402
+from gym_eval import INTERRUPTED_EXIT, play_games  # noqa: E402
 from player_util import GameResult  # noqa: E402
 from utils import UsageError  # noqa: E402
 
@@ -99,6 +98,8 @@ def parse_watch_args(argv: list[str], script: str) -> tuple[EvalConfig, Path | N
     out = Path(mine.out) if mine.out else None
     if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
         raise UsageError(f"--out {mine.out}: cannot write in {str(out.parent)!r}")
+    if out is not None and out.is_dir():
+        raise UsageError(f"--out {mine.out} is a folder; give a file name (e.g. games.json)")
     return args, out
 
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__)
+        return 0
     try:
         args, out = parse_watch_args(argv, "points_lost.py")
     except UsageError as error:
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"points_lost.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("points_lost.py: interrupted; nothing written", file=sys.stderr)
+        return INTERRUPTED_EXIT
     total = sum(lost.values())
     scores = [sum(r for r, _ in g) for g in games]
     print(f"{len(games)} games, mean {sum(scores) / len(scores):.2f}, {total} points lost")
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commonest length of a lost point: {length} steps, {count} of {total}")
         print("lost points by steps since the previous point:", dict(sorted(lost.items())))
     if out is not None:
-        out.write_text(json.dumps({"games": games}) + "\n")
+        write_json_atomic({"games": games}, out)
     return 0
 
 

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import gym_eval  # noqa: E402
-from checkpoint import env_file_stem  # noqa: E402
+from checkpoint import env_file_stem, write_json_atomic  # noqa: E402
 from cli import parse_eval_args  # noqa: E402
 from environment import MaxAndSkipEnv, protocol  # noqa: E402
+from utils import UsageError  # noqa: E402
 
 _max_pooled_step = MaxAndSkipEnv.step
 
@@ -37,25 +38,33 @@ def _last_frame_step(self: MaxAndSkipEnv, action):
 def main(argv: list[str] | None = None) -> int:
     """Run `gym_eval.py` with the max-pool off; returns its exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_eval_args(argv)
-    if not protocol(args.env, args.skip_rate, args.max_episode_length).get("max_pool_frames"):
-        print(
-            f"pong_observation.py: error: {args.env} has no max over a skip window to take "
-            "away; give a NoFrameskip Atari id (e.g. PongNoFrameskip-v4)",
-            file=sys.stderr,
-        )
+    try:
+        args = parse_eval_args(argv)
+        if args.processes != 1:  # the patch below is this process's: spawned ones pool
+            raise UsageError(
+                f"--processes {args.processes}: pong_observation.py plays in one process; drop it"
+            )
+        if not protocol(args.env, args.skip_rate, args.max_episode_length).get("max_pool_frames"):
+            raise UsageError(
+                f"{args.env} has no max over a skip window to take away; give a NoFrameskip "
+                "Atari id (e.g. PongNoFrameskip-v4)"
+            )
+    except UsageError as error:
+        print(f"pong_observation.py: error: {error}", file=sys.stderr)
         return 2
+    path = Path(args.log_dir) / f"{env_file_stem(args.env)}_eval.json"
+    earlier = path.stat().st_mtime_ns if path.exists() else None
     MaxAndSkipEnv.step = _last_frame_step
     try:
         code = gym_eval.main(argv)
     finally:
         MaxAndSkipEnv.step = _max_pooled_step
-    if code == 0:
-        path = Path(args.log_dir) / f"{env_file_stem(args.env)}_eval.json"
+    # An interrupted evaluation's summary too; none if it saved none (an earlier one stays).
+    if path.exists() and path.stat().st_mtime_ns != earlier:
         summary = json.loads(path.read_text())
         summary["protocol"]["max_pool_frames"] = False
         summary["observation"] = "the last raw frame of each skip (benchmarks/pong_observation.py)"
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json_atomic(summary, path)
     return code
 
 

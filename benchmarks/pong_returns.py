@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
@@ -42,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from points_lost import parse_watch_args  # noqa: E402
 
-from checkpoint import checkpoint_path  # noqa: E402
+from checkpoint import checkpoint_path, write_json_atomic  # noqa: E402
 from environment import lookup_spec, register_games, sticky_probability  # noqa: E402
-from gym_eval import play_games  # noqa: E402
+from gym_eval import INTERRUPTED_EXIT, play_games  # noqa: E402
 from player_util import GameResult  # noqa: E402
 from utils import UsageError  # noqa: E402
 
@@ -184,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__)
+        return 0
     try:
         args, out = parse_watch_args(argv, "pong_returns.py")
         check_env(args.env)
@@ -210,12 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"pong_returns.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pong_returns.py: interrupted; nothing written", file=sys.stderr)
+        return INTERRUPTED_EXIT
     found = [c for game in games for c in game]
     print(f"{len(games)} games, sticky actions {probability:g} (done here, not by ALE)")
     print("\n".join(summary(found)))
     if out is not None:
         rows = [[dataclasses.asdict(c) for c in game] for game in games]
-        out.write_text(json.dumps({"sticky": probability, "games": rows}) + "\n")
+        write_json_atomic({"sticky": probability, "games": rows}, out)
     return 0
 
 

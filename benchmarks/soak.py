@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_training import group_processes, role, rss_mib  # noqa: E402
+from bench_training import (  # noqa: E402
+    group_processes,
+    output_file,
+    read_in_background,
+    role,
+    rss_mib,
+    stop_group,
+    stop_signals,
+    stopped_with,
+)
+
+from checkpoint import write_json_atomic  # noqa: E402
 
 
 def open_fds(pid: int) -> int:
@@ -57,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=120, help="seconds before the baseline")
     p.add_argument("--json", help="write the samples here")
     args = p.parse_args(argv)
+    output_file(p, "--json", args.json)
 
     samples = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, stop_signals():
         cmd = [
             sys.executable, "main.py", "--env", args.env, "--workers", str(args.workers),
             "--save-model-dir", tmp, "--log-dir", tmp, "--tensorboard-logger",
@@ -67,21 +78,28 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=stopped_with(os.getpid()),
         )  # fmt: skip
+        lines, reader = read_in_background(proc)
         start = time.monotonic()
         end = start + 60 * args.minutes
+        interrupted = False
         try:
             while time.monotonic() < end and proc.poll() is None:
                 samples.append(sample(proc.pid, start))
                 print(json.dumps(samples[-1]), flush=True)
                 time.sleep(args.every)
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            _, stderr = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-        print(f"soak.py: main.py exited with {proc.returncode}:\n{stderr[-2000:]}")
+            ended_by_itself = stop_group(proc)
+            reader.join(timeout=10)
+    if ended_by_itself or proc.returncode != 0:
+        print(f"soak.py: main.py exited with {proc.returncode}:\n{''.join(lines)[-2000:]}")
         return 1
+    if interrupted or not samples:
+        print("soak.py: stopped; nothing written", file=sys.stderr)
+        return 130
 
     steady = [s for s in samples if s["t"] >= args.warmup] or samples
     first, last = steady[0], steady[-1]
@@ -95,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"fds {first[who]['fds']} -> {last[who]['fds']}"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "samples": samples}, indent=2))
+        write_json_atomic({"args": vars(args), "samples": samples}, args.json)
     return 0
 
 

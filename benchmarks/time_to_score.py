@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -47,6 +46,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_step import main_py_refusal  # noqa: E402
 from bench_training import (  # noqa: E402
+    output_file,
+    output_folder,
     read_in_background,
     steady_frames_per_s,
     stop_group,
@@ -54,7 +55,7 @@ from bench_training import (  # noqa: E402
     stopped_with,
 )
 
-from checkpoint import env_file_stem  # noqa: E402
+from checkpoint import env_file_stem, write_json_atomic  # noqa: E402
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
 
 
@@ -302,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
+    output_file(p, "--json", args.json)
+    output_folder(p, "--keep-logs", args.keep_logs)
+    output_folder(p, "--keep-weights", args.keep_weights)
+    if args.window < 1:
+        p.error(f"--window must be at least 1, got {args.window}")
     if args.minutes <= 0:
         p.error(f"--minutes must be positive, got {args.minutes}")
     if args.ray_nodes < 0:
@@ -345,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
             print(describe(row, args.targets, args.window), flush=True)
             if args.json:
-                args.json.write_text(json.dumps(results, indent=2))
+                write_json_atomic(results, args.json)
             failed |= bool(row["stopped_itself"] and row["exit_code"])
             if row["interrupted"]:
                 print("time_to_score.py: stopped; the run so far is kept", file=sys.stderr)

@@ -202,7 +202,8 @@ def test_bench_training_stopped_stops_main_py_and_keeps_what_it_measured(tmp_pat
         _, stderr = proc.communicate(timeout=120)
         if signum == signal.SIGTERM:
             assert proc.returncode == 130, stderr[-2000:]
-            assert f"bench_training.py: stopped; what was measured is in {out}" in stderr
+            # Stopped in its first run: nothing measured yet, so no file is named.
+            assert stderr.strip().endswith("bench_training.py: stopped") and not out.exists()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and _groups_left(launchers):
             time.sleep(0.5)
@@ -295,6 +296,26 @@ def test_time_to_score_checks_every_config_before_the_first_run(monkeypatch, cap
     )
     assert time_to_score.main(["--config", "--lr 'x"]) == 2
     assert "No closing quotation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--json", "{dir}"], "--json {dir} is a folder; give a file name"),
+        (["--json", "{dir}/no/r.json"], "cannot write in '{dir}/no'"),
+        (["--keep-logs", "{file}/logs"], "'{file}' is not a folder this user can write"),
+        (["--window", "0"], "--window must be at least 1, got 0"),
+    ],
+)
+def test_time_to_score_checks_where_it_writes_before_the_first_run(
+    tmp_path, monkeypatch, capsys, args, words
+):
+    monkeypatch.setattr(time_to_score, "run_config", lambda *a: pytest.fail("ran a config"))
+    (tmp_path / "file").write_text("")
+    names = {"dir": str(tmp_path), "file": str(tmp_path / "file")}
+    with pytest.raises(SystemExit) as stop:
+        time_to_score.main([arg.format(**names) for arg in args])
+    assert stop.value.code == 2 and words.format(**names) in capsys.readouterr().err
 
 
 def test_time_to_score_names_each_run_apart():
@@ -440,6 +461,13 @@ def test_pong_observation_shows_the_last_raw_frame_and_refuses_ids_without_a_max
     assert obs.max() == 0 and reward == 4.0  # raw frame 8, dark; every frame's reward summed
     assert pong_observation.main(["--env", "ALE/Pong-v5"]) == 2
     assert "ALE/Pong-v5 has no max over a skip window" in capsys.readouterr().err
+    # Spawned game processes would play max-pooled (the patch is this process's); bad flags
+    # are one line.
+    assert pong_observation.main(["--processes", "2"]) == 2
+    assert pong_observation.main(["--env", "Foo-v9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--processes 2: pong_observation.py plays in one process" in err[0]
+    assert "unknown env id 'Foo-v9'" in err[1] and len(err) == 2
 
 
 def test_points_lost_counts_the_steps_from_the_previous_point():
@@ -462,9 +490,11 @@ def test_points_lost_plays_real_games_and_refuses_bad_input_in_one_line(tmp_path
     assert points_lost.main([*flags, "--processes", "2"]) == 2
     assert points_lost.main([*flags, "--demo"]) == 2
     assert points_lost.main([*flags, "--out", str(tmp_path / "no" / "such.json")]) == 2
+    assert points_lost.main([*flags, "--out", str(tmp_path)]) == 2  # before the games, not after
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 5 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
+    assert len(err) == 6 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
     assert "--processes 2" in err[2] and "drop --demo" in err[3] and "such.json" in err[4]
+    assert "is a folder; give a file name" in err[5]
     assert all(line.startswith("points_lost.py: error: ") for line in err)
 
 
