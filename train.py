@@ -299,7 +299,11 @@ def unpin_shared_memory(pointers: list[int]) -> None:
     """
     if not pointers:
         return
-    torch.cuda.synchronize()  # no copy from these pages may still be in flight
+    # No copy from these pages may still be in flight. After a CUDA error (sticky: the
+    # context is lost, nothing is in flight) this raises it again: the worker is already
+    # failing with that error, which must stay the one reported.
+    with contextlib.suppress(RuntimeError):
+        torch.cuda.synchronize()
     cudart = torch.cuda.cudart()
     for pointer in pointers:
         cudart.cudaHostUnregister(pointer)
@@ -482,8 +486,6 @@ def run_worker(
     agent.reset(seeds=seeds)
     num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
     on_gpu = device.type == "cuda"
-    # sync_weights' copies from pinned pages run asynchronously
-    pinned = pin_shared_memory(shared_model, device) if on_gpu else []
     stats = TrainStats(model)
     next_report = time.monotonic() + REPORT_SECONDS
     guard = NonFiniteGuard(ctx)
@@ -493,7 +495,10 @@ def run_worker(
         ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
 
     # -- the loop: one rollout, one update ------------------------------------------------------
+    pinned: list[int] = []
     try:
+        # sync_weights' copies from pinned pages run asynchronously
+        pinned = pin_shared_memory(shared_model, device) if on_gpu else []
         lap("start")
         while not ctx.should_stop():
             sync_weights(model, shared_model)
@@ -536,9 +541,9 @@ def run_worker(
                 next_report = time.monotonic() + REPORT_SECONDS
             lap("report")
         send_report()
+    finally:  # however it ends: an in-process caller (tests, benchmarks) keeps no env or pin
         for env in envs:
             env.close()
-    finally:
         unpin_shared_memory(pinned)
 
 

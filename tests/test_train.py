@@ -187,6 +187,34 @@ def test_worker_with_its_own_optimizer():
     assert any(not torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
 
 
+def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
+    import train
+
+    made, closed = [], []
+
+    def make_and_keep(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        close = env.close
+        env.close = lambda: (closed.append(env), close())
+        made.append(env)
+        return env
+
+    monkeypatch.setattr(train, "make_env", make_and_keep)
+    args = make_args(
+        env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"), envs_per_worker=2
+    )
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    shared = build_model(env.observation_space, env.action_space, args.hidden_size)
+    ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=1000)
+
+    def fail(_terms):
+        raise ValueError("a caller's hook failed")
+
+    with pytest.raises(ValueError, match="hook failed"):
+        run_worker(0, args, crop(args.env), shared, None, ctx, on_update=fail)
+    assert len(made) == 2 and closed == made
+
+
 @pytest.mark.parametrize(("schedule", "last_lr"), [("constant", 1e-3), ("linear", 0.0)])
 def test_worker_follows_the_lr_schedule_down_to_the_budget(schedule, last_lr):
     """The last update of a run comes at the step budget: the linear schedule has reached 0
