@@ -462,11 +462,49 @@ def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None
         elif flags is not None:
             groups.append([part, part, flags])
     changes = [
-        f"{f'part {first}' if first == last else f'parts {first}-{last}'}: `{flags}`"
+        f"{f'part {first}' if first == last else f'parts {first}-{last}'}: "
+        + (f"`{changed}`" if (changed := flag_changes(groups[0][2], flags)) else "as part 1")
         for first, last, flags in groups[1:]
     ]
     changed = "".join(f"; {change}" for change in changes)
     return f" (resumed with `--load`: {sittings} parts in all{fresh}{changed})"
+
+
+def flag_changes(first: str, later: str) -> str:
+    """`later`'s flags where they differ from `first`'s, in `later`'s order ("" if none).
+
+    A flag given a new value or added is shown with its values; one `later` leaves out as
+    ``without --flag value``. So a part of a run reads as its first command plus these.
+    """
+    first_flags, later_flags = _flag_values(first), _flag_values(later)
+    shown = [
+        " ".join((flag, *values)).strip()
+        for flag, values in later_flags.items()
+        if first_flags.get(flag) != values
+    ]
+    shown += [
+        " ".join(("without", flag, *values))
+        for flag, values in first_flags.items()
+        if flag not in later_flags
+    ]
+    return " ".join(shown)
+
+
+def _flag_values(command: str) -> dict[str, tuple[str, ...]]:
+    """A command's words by flag: ``--flag value ...`` -> {"--flag": ("value", ...)}.
+
+    The words before the first flag (``python main.py``) go under "". A word is a flag if
+    it starts with "-" and is not a number (``--lr -1`` keeps -1 as a value).
+    """
+    flags: dict[str, tuple[str, ...]] = {"": ()}
+    current = ""
+    for word in command.split():
+        if word.startswith("-") and not re.fullmatch(r"-[\d.]+(e-?\d+)?", word):
+            current = word
+            flags[current] = ()
+        else:
+            flags[current] += (word,)
+    return flags
 
 
 def same_run_flags(command: str) -> str:

@@ -20,6 +20,7 @@ from visualize import (
     describe_milestone,
     describe_protocol,
     first_reaching,
+    flag_changes,
     moving_average,
     parse_log,
     parse_sittings,
@@ -389,8 +390,9 @@ def test_results_table_from_eval_summaries(tmp_path):
         .splitlines()[2]
         .endswith("(resumed with `--load`: 3 parts in all, 1 of them from the `.dat` alone) |")
     )
-    # Parts whose flags changed (a new lr, fp32 on another machine) are named with theirs;
-    # --load, the folders and a part with no command known change nothing.
+    # Parts whose flags changed (a new lr, fp32 on another machine) are named with the
+    # flags that differ from the first part's; --load, the folders and a part with no command
+    # known change nothing.
     first = summary["training"]["command"]
     fp32 = "python main.py --env CartPole-v1 --lr 0.0003"
     summary["training"].update(
@@ -403,8 +405,11 @@ def test_results_table_from_eval_summaries(tmp_path):
         .splitlines()[2]
         .endswith(
             "(resumed with `--load`: 6 parts in all, 1 of them from the `.dat` alone; "
-            f"parts 3-5: `{fp32}`; part 6: `python main.py --env CartPole-v1`) |"
+            "parts 3-5: `--lr 0.0003`; part 6: as part 1) |"
         )
+    )
+    assert flag_changes("python main.py --lr 1 --amsgrad -s 2", "python main.py -s 3 --lr -1") == (
+        "-s 3 --lr -1 without --amsgrad"
     )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
