@@ -383,9 +383,17 @@ def test_time_to_score_stopped_keeps_the_run_so_far(tmp_path, signum):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
-    _wait_for_a_test_game(proc.pid, "CartPole-v1")
-    proc.send_signal(signum)  # to the benchmark alone: main.py has a group of its own
-    stdout, stderr = proc.communicate(timeout=150)
+    launchers: list[int] = []
+    try:
+        _wait_for_a_test_game(proc.pid, "CartPole-v1")
+        launchers = _benchmarked_main_py(proc.pid)
+        proc.send_signal(signum)  # to the benchmark alone: main.py has a group of its own
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _groups_left(launchers):  # a failed test leaves no training behind
+            os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, stderr[-2000:]
     assert "time_to_score.py: stopped; the run so far is kept" in stderr
     assert "stopped after" in stdout

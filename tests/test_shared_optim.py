@@ -239,11 +239,13 @@ def test_updates_from_two_processes_share_params_and_statistics():
         assert opt.state[p]["step"].item() == 2
 
 
-def _step_many(net: nn.Module, opt: SharedAdam, slot: int, steps: int, go) -> None:
+def _step_many(net: nn.Module, opt: SharedAdam, slot: int, steps: int, ready, go) -> None:
     torch.set_num_threads(1)
     opt.use_slot(slot)
     for p in net.parameters():
         p.grad = torch.full_like(p, 0.01)
+    with ready.get_lock():
+        ready.value += 1
     while not go.value:  # start together, so the two really step at the same time
         time.sleep(0.001)
     for _ in range(steps):
@@ -257,13 +259,16 @@ def test_two_processes_stepping_at_once_lose_no_step():
     opt = SharedAdam(shared.parameters(), lr=1e-4, slots=2)
     opt.share_memory()
     ctx = mp.get_context("spawn")
-    go = ctx.RawValue("b", 0)
+    ready, go = ctx.Value("i", 0), ctx.RawValue("b", 0)
     procs = [
-        ctx.Process(target=_step_many, args=(shared, opt, slot, 20_000, go)) for slot in (0, 1)
+        ctx.Process(target=_step_many, args=(shared, opt, slot, 20_000, ready, go))
+        for slot in (0, 1)
     ]
     for proc in procs:
         proc.start()
-    time.sleep(2)
+    deadline = time.monotonic() + 120
+    while ready.value < 2 and time.monotonic() < deadline:  # both imported torch and set up
+        time.sleep(0.01)
     go.value = 1
     for proc in procs:
         proc.join(120)
