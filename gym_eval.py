@@ -54,7 +54,15 @@ QUIET_TAIL_STEPS = 2000
 
 
 class EvaluationProcessError(RuntimeError):
-    """A process of a parallel evaluation died or failed (not on a bad input)."""
+    """A process of a parallel evaluation died or failed (not on a bad input).
+
+    Attributes:
+        details: the failed process's traceback ("" when it died without one).
+    """
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 class VideoRecorder:
@@ -156,9 +164,12 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
     """``<folder><stem>.gif`` and ``.mp4`` of one game."""
     gif = write_gif(demo.frames, folder / f"{stem}.gif", fps=demo.fps)
     video = VideoRecorder(folder / f"{stem}.mp4", fps=demo.fps)
-    for frame in demo.frames:
-        video.add(frame)
-    video.close()
+    try:
+        for frame in demo.frames:
+            video.add(frame)
+        video.close()
+    finally:
+        video.discard()  # stopped or failed part-way: no partial file left in the demo folder
     nth = {1: "", 2: "2nd "}.get(demo.stride, f"{demo.stride}th ")  # the stride doubles: 2, 4, 8
     every = f"every {nth}screen"
     log.info(
@@ -195,6 +206,11 @@ def training_record(
         totals = run_totals(record)
         sittings = counted_sittings(record)
         commands = [s.get("command") for s in sittings]
+        if not all(command is None or isinstance(command, str) for command in commands):
+            raise TypeError("a command that is not text")
+        for key, kind in (("hardware", str), ("protocol", dict)):
+            if record.get(key) is not None and not isinstance(record[key], kind):
+                raise TypeError(f"its {key} is not a {kind.__name__}")
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         if log is not None:
             log.warning(
@@ -423,7 +439,7 @@ def play_in_processes(
                     raise UsageError(text)
                 if kind == "dependency":
                     raise gym.error.DependencyNotInstalled(text)
-                raise EvaluationProcessError(f"an evaluation process failed:\n{text}")
+                raise EvaluationProcessError("an evaluation process failed", details=text)
             else:
                 _, game, result = message
                 owed[(game - 1) % processes] -= 1
@@ -564,7 +580,10 @@ def summarised_model(json_path: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the exit code (0 ok, 2 bad input, 130 interrupted by Ctrl-C)."""
+    """Entry point: returns the exit code.
+
+    0 ok, 1 a game process failed, 2 bad input, 130 interrupted by Ctrl-C.
+    """
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     try:
         args = parse_eval_args(argv)
@@ -585,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     except EvaluationProcessError as err:  # a game process died or failed: no summary
-        print(f"gym_eval.py: error: {err}; no summary saved", file=sys.stderr)
+        print(f"{err.details}gym_eval.py: error: {err}; no summary saved", file=sys.stderr)
         return 1
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +62,7 @@ def discounted_targets(
         (returns, advantages), each (T, K), on `values`' device.
     """
     reward, value, step_taken = (x.cpu().numpy() for x in (rewards, values, took))
+    gamma, tau = np.float32(gamma), np.float32(tau)  # float32 however given (numpy 2 rules)
     ret = bootstrap.reshape(-1).cpu().numpy()
     next_value = ret
     gae = np.zeros_like(ret)
@@ -306,14 +307,28 @@ def unpin_shared_memory(pointers: list[int]) -> None:
     """
     if not pointers:
         return
-    # No copy from these pages may still be in flight. After a CUDA error (sticky: the
-    # context is lost, nothing is in flight) this raises it again: the worker is already
-    # failing with that error, which must stay the one reported.
-    with contextlib.suppress(RuntimeError):
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()  # no copy from these pages may still be in flight
     cudart = torch.cuda.cudart()
     for pointer in pointers:
         cudart.cudaHostUnregister(pointer)
+
+
+@contextlib.contextmanager
+def pinned_pages(shared_model: nn.Module, device: torch.device) -> Iterator[None]:
+    """The shared weights' pages pinned for a GPU worker's block (`pin_shared_memory`).
+
+    Unpinned however the block ends. When it ends in an error, a CUDA error that unpinning
+    raises again (sticky: the context is lost, no copy is in flight) is dropped, so the
+    error reported stays the block's own.
+    """
+    pointers = pin_shared_memory(shared_model, device) if device.type == "cuda" else []
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(RuntimeError):
+            unpin_shared_memory(pointers)
+        raise
+    unpin_shared_memory(pointers)
 
 
 def consume_cuda_error(device: torch.device) -> None:
@@ -465,47 +480,50 @@ def run_worker(
     # Env k of worker `rank` seeds with seed + rank + k * workers: one env per worker keeps
     # the original's seed + rank, and no two envs of a run share a seed.
     seeds = [seed + k * config.workers for k in range(config.envs_per_worker)]
-    envs = []
-    for env_seed in seeds:
-        env = make_env(
-            config.env, env_conf, config.max_episode_length, config.skip_rate,
-            config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
+    # However it ends (a stop, an error, an in-process caller's failing hook), the envs close
+    # and the shared pages are unpinned.
+    with contextlib.ExitStack() as cleanup:
+        envs = []
+        for env_seed in seeds:
+            env = make_env(
+                config.env, env_conf, config.max_episode_length, config.skip_rate,
+                config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
+            )  # fmt: skip
+            cleanup.callback(env.close)
+            env.action_space.seed(env_seed)
+            envs.append(env)
+        load_worker_normalizer_state(envs, normalizer)
+        if optimizer is None:
+            optimizer = make_optimizer(
+                shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
+            )
+        else:
+            optimizer.use_slot(rank)  # the shared one: this worker counts its steps in its slot
+        model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
+        model = model.to(device)
+        bf16 = config.precision == "bf16"
+        if config.fast_path and model.channels_last_suits(device, bf16):
+            model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
+        model.train()
+        agent = Agent(
+            model, envs, device, reward_scale=config.reward_scale,
+            fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
         )  # fmt: skip
-        env.action_space.seed(env_seed)
-        envs.append(env)
-    load_worker_normalizer_state(envs, normalizer)
-    if optimizer is None:
-        optimizer = make_optimizer(
-            shared_model.parameters(), config.optimizer, config.lr, config.amsgrad
-        )
-    else:
-        optimizer.use_slot(rank)  # the shared one: this worker counts its steps in its slot
-    model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
-    model = model.to(device)
-    bf16 = config.precision == "bf16"
-    if config.fast_path and model.channels_last_suits(device, bf16):
-        model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
-    model.train()
-    agent = Agent(
-        model, envs, device, reward_scale=config.reward_scale,
-        fast_path=config.fast_path, bf16=bf16, bootstrap_truncated=config.bootstrap_truncated,
-    )  # fmt: skip
-    agent.reset(seeds=seeds)
-    num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
-    on_gpu = device.type == "cuda"
-    stats = TrainStats(model)
-    next_report = time.monotonic() + REPORT_SECONDS
-    guard = NonFiniteGuard(ctx)
-    lap = clock.lap if clock is not None else _no_lap
+        agent.reset(seeds=seeds)
+        num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
+        on_gpu = device.type == "cuda"
+        stats = TrainStats(model)
+        next_report = time.monotonic() + REPORT_SECONDS
+        guard = NonFiniteGuard(ctx)
+        lap = clock.lap if clock is not None else _no_lap
 
-    def send_report() -> None:
-        ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
+        def send_report() -> None:
+            ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
 
-    # -- the loop: one rollout, one update ------------------------------------------------------
-    pinned: list[int] = []
-    try:
         # sync_weights' copies from pinned pages run asynchronously
-        pinned = pin_shared_memory(shared_model, device) if on_gpu else []
+        cleanup.enter_context(pinned_pages(shared_model, device))
+
+        # -- the loop: one rollout, one update --------------------------------------------------
         lap("start")
         while not ctx.should_stop():
             sync_weights(model, shared_model)
@@ -548,10 +566,6 @@ def run_worker(
                 next_report = time.monotonic() + REPORT_SECONDS
             lap("report")
         send_report()
-    finally:  # however it ends: an in-process caller (tests, benchmarks) keeps no env or pin
-        for env in envs:
-            env.close()
-        unpin_shared_memory(pinned)
 
 
 def train(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+import cli
 from checkpoint import env_file_stem
 from environment import DEFAULT_CONFIG, env_config, read_config
 from utils import OneLineParser, UsageError, format_elapsed
@@ -358,6 +360,8 @@ def writing(out: str | Path) -> Iterator[Path]:
         raise UsageError(
             f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
         ) from None
+    except UsageError:  # the block's own (a ValueError too): as it is
+        raise
     except (ValueError, cv2.error):  # matplotlib's, Pillow's or OpenCV's: a format unknown
         raise UsageError(
             f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
@@ -448,26 +452,26 @@ def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None
     Args:
         sittings: how many parts the run had.
         restarts: how many of them started from the ``.dat`` alone.
-        commands: every part's command in order, where known: parts whose flags differ
-            from the part before (beyond ``--load`` and the folders) are named with theirs.
+        commands: every part's command in order, where known: each run of parts with the
+            same flags (beyond ``--load`` and the folders) after the first is named with the
+            flags that differ from the first's (`flag_changes`).
     """
     if sittings <= 1:
         return ""
     fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
     groups: list[list] = []  # [first part, last part, flags] of each run of equal flags
     for part, command in enumerate(commands or [], 1):
-        flags = same_run_flags(command) if command else None
+        flags = _flag_values(same_run_flags(command)) if command else None
         if groups and flags in (None, groups[-1][2]):
             groups[-1][1] = part
         elif flags is not None:
             groups.append([part, part, flags])
-    changes = [
-        f"{f'part {first}' if first == last else f'parts {first}-{last}'}: "
-        + (f"`{changed}`" if (changed := flag_changes(groups[0][2], flags)) else "as part 1")
-        for first, last, flags in groups[1:]
-    ]
-    changed = "".join(f"; {change}" for change in changes)
-    return f" (resumed with `--load`: {sittings} parts in all{fresh}{changed})"
+    notes = []
+    for first, last, flags in groups[1:]:
+        changed = _changes(groups[0][2], flags)
+        parts = f"part {first}" if first == last else f"parts {first}-{last}"
+        notes.append(f"; {parts}: " + (f"`{changed}`" if changed else f"as part {groups[0][0]}"))
+    return f" (resumed with `--load`: {sittings} parts in all{fresh}{''.join(notes)})"
 
 
 def flag_changes(first: str, later: str) -> str:
@@ -475,36 +479,54 @@ def flag_changes(first: str, later: str) -> str:
 
     A flag given a new value or added is shown with its values; one `later` leaves out as
     ``without --flag value``. So a part of a run reads as its first command plus these.
+    main.py's short forms and ``--flag=value`` count as the flag's long form.
     """
-    first_flags, later_flags = _flag_values(first), _flag_values(later)
+    return _changes(_flag_values(first), _flag_values(later))
+
+
+def _changes(first: dict[str, tuple[str, ...]], later: dict[str, tuple[str, ...]]) -> str:
     shown = [
         " ".join((flag, *values)).strip()
-        for flag, values in later_flags.items()
-        if first_flags.get(flag) != values
+        for flag, values in later.items()
+        if first.get(flag) != values
     ]
     shown += [
-        " ".join(("without", flag, *values))
-        for flag, values in first_flags.items()
-        if flag not in later_flags
+        " ".join(("without", flag, *values)) for flag, values in first.items() if flag not in later
     ]
     return " ".join(shown)
+
+
+_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)
 
 
 def _flag_values(command: str) -> dict[str, tuple[str, ...]]:
     """A command's words by flag: ``--flag value ...`` -> {"--flag": ("value", ...)}.
 
-    The words before the first flag (``python main.py``) go under "". A word is a flag if
-    it starts with "-" and is not a number (``--lr -1`` keeps -1 as a value).
+    The words before the first flag (``python main.py``) go under "". A word is a flag if it
+    starts with "-" and is not a number (``--lr -1e-4`` keeps -1e-4 as a value); main.py's
+    short forms become their long ones and ``--flag=value`` is ``--flag value``.
     """
+    long_form = _main_py_long_forms()
     flags: dict[str, tuple[str, ...]] = {"": ()}
     current = ""
     for word in command.split():
-        if word.startswith("-") and not re.fullmatch(r"-[\d.]+(e-?\d+)?", word):
-            current = word
-            flags[current] = ()
+        if word.startswith("-") and not _NUMBER.fullmatch(word):
+            name, equals, value = word.partition("=")
+            current = long_form.get(name, name)
+            flags[current] = (value,) if equals else ()
         else:
             flags[current] += (word,)
     return flags
+
+
+@functools.cache
+def _main_py_long_forms() -> dict[str, str]:
+    """main.py's flag spellings -> the long form (``-s`` -> ``--seed``; ``--no-x`` stays)."""
+    forms = {}
+    for action in cli.build_parser(cli.TrainConfig, "")._actions:
+        names = [name for name in action.option_strings if not name.startswith("--no-")]
+        forms.update({name: names[0] for name in names})
+    return forms
 
 
 def same_run_flags(command: str) -> str:

@@ -37,6 +37,10 @@ from bench_step import main_py_refusal, mode_flags  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
 from main import STOPPING  # noqa: E402
+from utils import UsageError  # noqa: E402
+
+STARTED = time.time()
+"""When this benchmark started (the import): results files older than this are not its own."""
 
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
@@ -196,21 +200,36 @@ def stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def output_file(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
-    """Refuse (``parser.error``) an output file `path` that cannot be written, before any run.
+def check_output_file(flag: str, path: str | Path | None) -> None:
+    """Refuse an output file `path` that cannot be written, before any run.
 
     A folder, or a file in a folder that is missing or not writable, would otherwise fail
     only when the first results are written, after minutes of measuring.
+
+    Raises:
+        UsageError: naming `flag`, the path and why.
     """
     if not path:
         return
     path = Path(path)
-    if path.is_dir():
-        parser.error(f"{flag} {path} is a folder; give a file name (e.g. results.json)")
-    if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
-        parser.error(
-            f"{flag} {path}: cannot write in {str(path.parent)!r}; make it or pick another"
+    try:
+        if path.is_dir():
+            raise UsageError(f"{flag} {path} is a folder; give a file name (e.g. results.json)")
+        writable = path.parent.is_dir() and os.access(path.parent, os.W_OK)
+    except OSError as err:  # a folder on the way this user may not search
+        raise UsageError(f"{flag} {path}: {err.strerror}") from None
+    if not writable:
+        raise UsageError(
+            f"{flag} {path}: cannot write in {str(path.parent)!r}; make the folder or pick another"
         )
+
+
+def output_file(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
+    """`check_output_file` for a benchmark's flags: a refusal is ``parser.error`` (exit 2)."""
+    try:
+        check_output_file(flag, path)
+    except UsageError as err:
+        parser.error(str(err))
 
 
 def output_folder(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
@@ -218,16 +237,20 @@ def output_folder(parser: argparse.ArgumentParser, flag: str, path: str | Path |
     if not path:
         return
     path = Path(path)
-    existing = next(p for p in (path, *path.parents) if p.exists())  # the root always exists
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())  # the root exists
+        writable = existing.is_dir() and os.access(existing, os.W_OK)
+    except OSError as err:
+        parser.error(f"{flag} {path}: {err.strerror}")
+    if not writable:
         parser.error(f"{flag} {path}: {str(existing)!r} is not a folder this user can write")
 
 
 def stopped(script: str, json_path: str | Path | None) -> int:
     """Say that `script` was stopped (Ctrl-C, SIGTERM) and where its figures are; exit 130."""
-    kept = (
-        f"; what was measured is in {json_path}" if json_path and Path(json_path).exists() else ""
-    )
+    # Written by this run, not a file an earlier one left under the same name?
+    written = json_path and Path(json_path).exists() and Path(json_path).stat().st_mtime >= STARTED
+    kept = f"; what was measured is in {json_path}" if written else ""
     print(f"{script}: stopped{kept}", file=sys.stderr)
     return 130
 

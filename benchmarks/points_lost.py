@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -30,6 +29,8 @@ import gymnasium as gym
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_training import check_output_file  # noqa: E402
 
 from checkpoint import checkpoint_path, write_json_atomic  # noqa: E402
 from cli import EvalConfig, parse_eval_args  # noqa: E402
@@ -95,12 +96,8 @@ def parse_watch_args(argv: list[str], script: str) -> tuple[EvalConfig, Path | N
     mine, rest = extra.parse_known_args(argv)
     args = parse_eval_args(rest)
     refuse_unsupported(args, script)
-    out = Path(mine.out) if mine.out else None
-    if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
-        raise UsageError(f"--out {mine.out}: cannot write in {str(out.parent)!r}")
-    if out is not None and out.is_dir():
-        raise UsageError(f"--out {mine.out} is a folder; give a file name (e.g. games.json)")
-    return args, out
+    check_output_file("--out", mine.out)
+    return args, Path(mine.out) if mine.out else None
 
 
 def main(argv: list[str] | None = None) -> int:

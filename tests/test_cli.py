@@ -228,6 +228,25 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
     assert "saved with --hidden-size 32; this run uses 64" in result.stderr
 
 
+def test_a_failed_game_process_is_one_error_line_exit_1_and_no_summary(
+    tmp_path, monkeypatch, capsys
+):
+    import gym_eval
+
+    def fail(*args, **kwargs):
+        raise gym_eval.EvaluationProcessError(
+            "an evaluation process failed", details="Traceback (most recent call last):\nBoom\n"
+        )
+
+    monkeypatch.setattr(gym_eval, "play_in_processes", fail)
+    model = ROOT / "trained_models" / f"{PONG}.dat"
+    argv = ["--model", str(model), "--processes", "2", "--num-episodes", "2"]
+    assert gym_eval.main([*argv, "--log-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "gym_eval.py: error: an evaluation process failed; no summary saved"
+    assert "Boom" in err[-2] and not (tmp_path / f"{PONG}_eval.json").exists()
+
+
 @pytest.mark.slow
 def test_gym_eval_records_videos(tmp_path):
     model = A3Clstm(1, gym.spaces.Discrete(6), 32)

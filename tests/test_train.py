@@ -212,7 +212,17 @@ def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
 
     with pytest.raises(ValueError, match="hook failed"):
         run_worker(0, args, crop(args.env), shared, None, ctx, on_update=fail)
-    assert len(made) == 2 and closed == made
+    assert len(made) == 2 and closed == made[::-1]  # each closed once, last made first
+    # A failure while setting up (here building the worker's model) closes the envs made.
+    made.clear(), closed.clear()
+
+    def no_model(*args, **kwargs):
+        raise MemoryError("no room for the model")
+
+    monkeypatch.setattr(train, "build_model", no_model)
+    with pytest.raises(MemoryError):
+        run_worker(0, args, crop(args.env), shared, None, ctx)
+    assert len(made) == 2 and closed == made[::-1]
 
 
 @pytest.mark.parametrize(("schedule", "last_lr"), [("constant", 1e-3), ("linear", 0.0)])

@@ -306,6 +306,14 @@ def test_an_interrupted_write_leaves_the_earlier_file_whole(tmp_path, monkeypatc
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.gif"]
 
 
+def test_an_image_opencv_cannot_write_is_one_line_naming_the_folder():
+    from visualize import write_png
+
+    # cv2.imwrite returns False (no exception) where it cannot open the file: /sys takes none.
+    with pytest.raises(UsageError, match="cannot write '/sys/x.png'; choose a folder you can"):
+        write_png(np.zeros((4, 4, 3), np.uint8), "/sys/x.png")
+
+
 def test_a_game_video_gets_its_name_only_when_the_game_ended(tmp_path):
     from gym_eval import VideoRecorder
 
@@ -408,9 +416,11 @@ def test_results_table_from_eval_summaries(tmp_path):
             "parts 3-5: `--lr 0.0003`; part 6: as part 1) |"
         )
     )
-    assert flag_changes("python main.py --lr 1 --amsgrad -s 2", "python main.py -s 3 --lr -1") == (
-        "-s 3 --lr -1 without --amsgrad"
-    )
+    # Short forms and --flag=value are the long flag; negative numbers are values.
+    assert flag_changes(
+        "python main.py --lr 1 --amsgrad -s 2", "python main.py -s 3 --lr=-1E-4"
+    ) == ("--seed 3 --lr -1E-4 without --amsgrad")
+    assert flag_changes("python main.py -s 2 --lr 0.1", "python main.py --lr 0.1 --seed 2") == ""
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
     v0 = describe_protocol(protocol("Pong-v0", 4, 100))
