@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import subprocess
 import sys
 import time
@@ -104,6 +106,30 @@ def main_here(flags: list[str], monkeypatch, capsys, through_cli: bool = False) 
     except SystemExit as stop:
         code = stop.code
     return code, capsys.readouterr().err
+
+
+def gym_eval_here(*flags: str) -> subprocess.CompletedProcess:
+    """``python gym_eval.py *flags`` run in this process: what `run_cli` returns, 3 s sooner.
+
+    For the refusals and short evaluations; the end-to-end tests keep `run_cli`.
+    """
+    import gym_eval
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, threads = sys.argv, torch.get_num_threads()  # gym_eval sets --threads: give it back
+    sys.argv = ["gym_eval.py"]  # argparse's errors name sys.argv[0]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = gym_eval.main(list(flags))
+            except SystemExit as stop:
+                code = stop.code
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(
+        ["gym_eval.py", *flags], code, out.getvalue(), err.getvalue()
+    )
 
 
 def folders(tmp_path: Path) -> list[str]:

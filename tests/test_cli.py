@@ -36,6 +36,7 @@ from tests.conftest import (
     ROOT,
     folders,
     group_alive,
+    gym_eval_here,
     load_pong_dat,
     main_here,
     requires_bf16_cpu,
@@ -86,17 +87,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
-def test_unknown_optimizer_is_rejected_by_argparse_in_one_line(tmp_path):
-    result = run_cli("main.py", "--optimizer", "SGD", timeout=60)
-    assert result.returncode == 2 and "invalid choice: 'SGD'" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_unknown_optimizer_is_rejected_by_argparse_in_one_line(tmp_path, monkeypatch, capsys):
+    code, stderr = main_here(["--optimizer", "SGD"], monkeypatch, capsys)
+    assert code == 2 and "invalid choice: 'SGD'" in stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
-def test_help_explains_every_flag():
-    result = run_cli("main.py", "--help", timeout=60)
-    assert result.returncode == 0
+def test_help_explains_every_flag_with_its_default(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_train_args(["--help"])
+    help_text = capsys.readouterr().out
+    assert stop.value.code == 0
     for flag in ("--max-steps", "--test-interval", "--no-shared-optimizer", "-dss", "--amsgrad"):
-        assert flag in result.stdout
+        assert flag in help_text
+    # Defaults as docs/cli.md shows them: on/off and (none), never False or an empty string.
+    assert "(default: off)" in help_text and "(default: False)" not in help_text
+    assert "(default: )" not in help_text and "(default: [])" not in help_text
 
 
 # -- the typed configuration ---------------------------------------------------------------------
@@ -291,13 +297,13 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert v5["protocol"]["repeat_action_probability"] == 1.0
     assert v5["protocol"]["max_pool_frames"] is False
     for bad in ("-0.1", "1.5"):
-        refused = run_cli("gym_eval.py", "--model", str(model), "--repeat-action-probability", bad)
+        refused = gym_eval_here("--model", str(model), "--repeat-action-probability", bad)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines() == [
             f"gym_eval.py: error: --repeat-action-probability must be in [0, 1], got {float(bad)}; "
             "0.25 is the standard sticky-actions protocol, 0 a deterministic emulator"
         ]
-    missing = run_cli("gym_eval.py", "--model", str(tmp_path / "nope.dat"), timeout=60)
+    missing = gym_eval_here("--model", str(tmp_path / "nope.dat"))
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"gym_eval.py: error: --model {str(tmp_path / 'nope.dat')!r} not found; give the path "
@@ -438,8 +444,8 @@ def test_gym_eval_says_in_one_line_when_drawing_needs_a_package(tmp_path, proces
     (tmp_path / "models").mkdir()
     model = build_model(env.observation_space, env.action_space, 32)
     torch.save(model.state_dict(), tmp_path / "models" / "CartPole-v1.dat")
-    result = run_cli(
-        "gym_eval.py", "--env", "CartPole-v1", "--hidden-size", "32", "--num-episodes", "2",
+    result = gym_eval_here(
+        "--env", "CartPole-v1", "--hidden-size", "32", "--num-episodes", "2",
         "--demo", "--demo-dir", str(tmp_path / "demo"), "--processes", processes,
         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -111,13 +113,22 @@ def test_curve_png_is_written_at_the_end_and_on_demand(short_run, tmp_path):
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10  # not blank
 
 
+def visualize_here(*args: str) -> subprocess.CompletedProcess:
+    """``visualize.py`` with these arguments in this process (no 3-s import of a new one)."""
+    from visualize import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(
+        ["visualize.py", *args], code, out.getvalue(), err.getvalue()
+    )
+
+
 def test_curve_of_a_log_with_no_game_says_so(tmp_path):
     log = tmp_path / "Pong_log"
     log.write_text("2026-01-01 00:00:00,000 : workers: 2\n")
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "curve", str(log)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here("curve", str(log))
     assert result.returncode == 2 and "no finished test game yet" in result.stderr
 
 
@@ -209,18 +220,13 @@ def test_sittings_join_a_run_resumed_from_its_state_and_one_from_a_dat_alone(tmp
     assert [g.seconds for g in games] == [10, 20, 30, 35, 45]
     assert parse_sittings([fresh]) == parse_log(fresh)
 
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "milestone", str(first), str(resumed), str(fresh),
-         "--reward", "4.5", "--window", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here(
+        "milestone", str(first), str(resumed), str(fresh), "--reward", "4.5", "--window", "2"
+    )
     assert result.returncode == 0, result.stderr
     assert "first reached 4.5 after 00h 00m 45s, 15,600 frames (test game 5)" in result.stdout
     png = tmp_path / "joined.png"
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "curve", str(first), str(fresh), "--out", str(png)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here("curve", str(first), str(fresh), "--out", str(png))
     assert result.returncode == 0, result.stderr
     assert cv2.imread(str(png)) is not None
 
@@ -243,11 +249,7 @@ def test_milestone_is_the_first_full_window_reaching_the_reward(tmp_path):
 
     log = tmp_path / "x_log"
     log.write_text(_block("r") + "".join(_game(10 + i, r, 100 * i) for i, r in enumerate(rewards)))
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "milestone", str(log), "--reward", "18", "21.5",
-         "--window", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here("milestone", str(log), "--reward", "18", "21.5", "--window", "3")
     assert result.returncode == 0, result.stderr
     reached, not_reached = result.stdout.splitlines()
     assert "first reached 18 after 00h 00m 15s, 2,000 frames (test game 6)" in reached
@@ -260,11 +262,9 @@ def test_moving_average_by_hand():
 
 def test_input_view_has_the_expected_size(tmp_path):
     png = tmp_path / "view.png"
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "view", "--env", "BreakoutNoFrameskip-v4",
-         "--steps", "10", "--out", str(png)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here(
+        "view", "--env", "BreakoutNoFrameskip-v4", "--steps", "10", "--out", str(png)
+    )
     assert result.returncode == 0, result.stderr
     image = cv2.imread(str(png))
     assert image.shape == (450, 660, 3)
@@ -274,10 +274,7 @@ def test_input_view_has_the_expected_size(tmp_path):
 
 
 def test_input_view_rejects_non_atari_ids(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "visualize.py", "view", "--env", "CartPole-v1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = visualize_here("view", "--env", "CartPole-v1")
     assert result.returncode == 2 and "not an Atari game" in result.stderr
 
 
