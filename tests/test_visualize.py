@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
+import statistics
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import cv2
@@ -83,6 +86,10 @@ def test_status_lines_come_at_a_steady_rhythm(short_run):
     assert len(lines) >= 3
     assert all("frames/s" in line and "steps" in line for line in lines)
     assert "best" in lines[-1] and "games)" in lines[-1]
+    # At --status-interval 1, one a second (the last, at the stop, may come sooner).
+    times = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in lines[:-1]]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert 0.8 <= statistics.median(gaps) <= 1.5, gaps
 
 
 @pytest.mark.slow
