@@ -214,6 +214,12 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "
             f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"
         )
+    elif config.save_max and config.load and resumed is None and paths.model.exists():
+        # Weights alone carry no test games: the best to beat starts at nothing.
+        log.warning(
+            f"--save-max: the score behind {paths.model} is not known (no training state), so "
+            "the first test game's weights replace it; copy it elsewhere to keep it"
+        )
     if paths.record.exists() and not config.load:
         log.warning(
             f"{paths.record} holds an earlier run's record and this run will write over it "

@@ -355,7 +355,11 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
     load = ["--load", "--load-model-dir", str(tmp_path / "models")]
     with caplog.at_level("WARNING", logger="a3g.main"):
         prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *load]))
-    assert "write over it" not in caplog.text
+    assert "write over it" not in caplog.text and "--save-max" not in caplog.text
+    # --save-max from the weights alone: the file's score is unknown, the first game replaces it.
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *load, "--save-max"]))
+    assert "the first test game's weights replace it; copy it elsewhere" in caplog.text
     # Loaded from elsewhere, the saved model is still written over; and an earlier run's record.
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / f"{PONG}.dat").write_bytes(
