@@ -172,7 +172,7 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
 
 
 @pytest.mark.slow
-def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
+def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch, capsys):
     result = run_cli(
         "main.py",
         *PONG_FLAGS,
@@ -197,8 +197,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert list((tmp_path / "logs" / "runs").glob("*/events.out.tfevents.*"))  # tags: visualize
 
-    result = run_cli(
-        "gym_eval.py",
+    result = gym_eval_here(
         "--env", PONG,
         "--num-episodes", "2",
         "--hidden-size", "32",
@@ -226,12 +225,9 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr  # the first run left its training state
-    result = run_cli(
-        "main.py", "--env", PONG, "--hidden-size", "64", "--load",
-        "--load-model-dir", str(tmp_path / "models"), timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert "saved with --hidden-size 32; this run uses 64" in result.stderr
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    code, stderr = main_here(["--env", PONG, "--hidden-size", "64", *load], monkeypatch, capsys)
+    assert code == 2 and "saved with --hidden-size 32; this run uses 64" in stderr
 
 
 def test_a_failed_game_process_is_one_error_line_exit_1_and_no_summary(
