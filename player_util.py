@@ -96,6 +96,8 @@ def policy_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 class Rollout:
     """K envs' rollout, what the loss needs, as (T, K) tensors on the worker's device.
 
+    (`terminated` and `truncated`, which the loss does not read, stay on the CPU.)
+
     Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose episode
     ended at step t < T - 1 waited for the rest: `took` is false on its later rows, which the
     loss drops (``torch.where``) before any arithmetic; they were computed from blank frames.
@@ -463,8 +465,10 @@ class Agent:
             entropies=entropies,
             rewards=self.record.to_device("rewards", self.device),
             took=self.record.to_device("took", self.device),
-            terminated=self.record.to_device("terminated", self.device),
-            truncated=self.record.to_device("truncated", self.device),
+            # What ended each episode, for diagnostics: the loss reads `took` and `bootstrap`,
+            # so these stay on the host (no copy to a GPU each rollout).
+            terminated=self.record.to_device("terminated", torch.device("cpu")),
+            truncated=self.record.to_device("truncated", torch.device("cpu")),
             bootstrap=self.bootstrap_value(),
             steps=self.steps,
         )
