@@ -20,7 +20,6 @@ from environment import (
 from model import build_model
 from player_util import Agent
 from tests.conftest import (
-    BF16_CPU,
     ROOT,
     crop,
     env_kwargs,
@@ -378,41 +377,6 @@ def test_conv_backward_in_chunks_gives_the_one_batch_gradients(monkeypatch):
 
 
 # -- through the CLI ----------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_k_envs_run_through_the_cli_saves_per_env_normalisers_and_resumes(tmp_path):
-    import json
-
-    from checkpoint import TrainingState
-    from tests.conftest import PONG, PONG_FLAGS, folders, run_cli
-
-    precision = ["--precision", "bf16"] if BF16_CPU else []
-    flags = [
-        *PONG_FLAGS, "--workers", "2", "--envs-per-worker", "3", *precision,
-        "--test-interval", "0", "--test-niceness", "0", *folders(tmp_path),
-    ]  # fmt: skip
-    result = run_cli("main.py", *flags, "--max-steps", "600", timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    state_path = tmp_path / "models" / f"{PONG}_state.pt"
-    saved = TrainingState.read_file(state_path)
-    assert saved["steps"] >= 600
-    for rank in ("0", "1"):
-        per_env = saved["normalizers"][rank]
-        assert per_env["kind"] == "per_env" and len(per_env["envs"]) == 3
-        assert all(env["num_steps"] > 0 for env in per_env["envs"])
-    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
-    assert record["config"]["envs_per_worker"] == 3
-
-    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
-    result = run_cli("main.py", *flags, *load, "--max-steps", "1200", timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    again = TrainingState.read_file(state_path)
-    assert again["steps"] >= 1200
-    for rank in ("0", "1"):
-        before = [env["num_steps"] for env in saved["normalizers"][rank]["envs"]]
-        after = [env["num_steps"] for env in again["normalizers"][rank]["envs"]]
-        assert all(a > b for a, b in zip(after, before, strict=True))
 
 
 # -- --bootstrap-truncated ------------------------------------------------------------------------

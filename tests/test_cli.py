@@ -18,6 +18,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from checkpoint import TrainingState
 from cli import (
     CommonConfig,
     EvalConfig,
@@ -31,6 +32,7 @@ from gym_eval import QUIET_TAIL_STEPS, cut_short, process_seed
 from model import A3Clstm
 from player_util import GAME_OVER, STALLED, TIME_LIMIT, GameResult
 from tests.conftest import (
+    BF16_CPU,
     PONG,
     PONG_FLAGS,
     ROOT,
@@ -173,22 +175,22 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
 
 @pytest.mark.slow
 def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch, capsys):
-    result = run_cli(
-        "main.py",
-        *PONG_FLAGS,
-        "--workers", "2",
-        "--max-steps", "2000",
-        "--test-interval", "0",
-        "--tensorboard-logger",
-        "--repeat-action-probability", "0.25",
-        *folders(tmp_path),
-    )  # fmt: skip
+    """The real CLI end to end: sticky actions, K envs per worker (bf16 where the CPU has it),
+    TensorBoard; the log, run record, weights and per-env normalisers; gym_eval on the
+    weights; and --load going on from the training state."""
+    precision = ["--precision", "bf16"] if BF16_CPU else []
+    flags = [
+        *PONG_FLAGS, "--workers", "2", "--envs-per-worker", "3", *precision,
+        "--test-interval", "0", "--repeat-action-probability", "0.25", *folders(tmp_path),
+    ]  # fmt: skip
+    result = run_cli("main.py", *flags, "--max-steps", "2000", "--tensorboard-logger")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "--max-steps 2000 reached" in result.stderr
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["protocol"]["repeat_action_probability"] == 0.25
     assert record["config"]["repeat_action_probability"] == 0.25
+    assert record["config"]["envs_per_worker"] == 3
 
     log = (tmp_path / "logs" / f"{PONG}_log").read_text()
     assert "workers: 2" in log and "max_steps: 2000" in log  # every argument logged
@@ -196,6 +198,13 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     model = load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert list((tmp_path / "logs" / "runs").glob("*/events.out.tfevents.*"))  # tags: visualize
+    state_path = tmp_path / "models" / f"{PONG}_state.pt"
+    saved = TrainingState.read_file(state_path)
+    assert saved["steps"] >= 2000
+    for rank in ("0", "1"):  # each worker's K envs keep normalisers of their own
+        per_env = saved["normalizers"][rank]
+        assert per_env["kind"] == "per_env" and len(per_env["envs"]) == 3
+        assert all(env["num_steps"] > 0 for env in per_env["envs"])
 
     result = gym_eval_here(
         "--env", PONG,
@@ -213,19 +222,18 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     assert summary["protocol"]["repeat_action_probability"] == 0.0  # the id's own
     assert summary["training"]["protocol"]["repeat_action_probability"] == 0.25
 
-    # --load continues from that file; a file for another hidden size is refused.
-    result = run_cli(
-        "main.py",
-        *PONG_FLAGS,
-        "--workers", "1",
-        "--max-steps", "2100",  # on from the first run's 2,000 and more (its last rollouts)
-        "--load",
-        "--load-model-dir", str(tmp_path / "models"),
-        *folders(tmp_path),
-    )  # fmt: skip
+    # --load goes on from the training state, each env's normaliser with it; a file for
+    # another hidden size is refused.
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    result = run_cli("main.py", *flags, *load, "--max-steps", "2600")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr  # the first run left its training state
-    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    again = TrainingState.read_file(state_path)
+    assert again["steps"] >= 2600
+    for rank in ("0", "1"):
+        before = [env["num_steps"] for env in saved["normalizers"][rank]["envs"]]
+        after = [env["num_steps"] for env in again["normalizers"][rank]["envs"]]
+        assert all(a > b for a, b in zip(after, before, strict=True))
     code, stderr = main_here(["--env", PONG, "--hidden-size", "64", *load], monkeypatch, capsys)
     assert code == 2 and "saved with --hidden-size 32; this run uses 64" in stderr
 
