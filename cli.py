@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from environment import DEFAULT_CONFIG, MAX_EPISODE_FRAMES, check_sticky_probability
+from environment import DEFAULT_CONFIG, check_episode_cap, check_sticky_probability
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
@@ -419,13 +419,7 @@ def _validate_common(config: CommonConfig) -> None:
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
-    frames = config.max_episode_length * config.skip_rate
-    if frames > MAX_EPISODE_FRAMES:
-        raise UsageError(
-            f"--max-episode-length {config.max_episode_length} x --skip-rate {config.skip_rate} "
-            f"is {frames:,} raw frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); give "
-            f"--max-episode-length {MAX_EPISODE_FRAMES // config.skip_rate} or less"
-        )
+    check_episode_cap(config.env, config.max_episode_length, config.skip_rate)
     if config.stall_steps < 0:
         raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
 

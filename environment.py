@@ -227,6 +227,34 @@ def protocol(
     }
 
 
+def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: int) -> int:
+    """The most raw frames an episode of `env_id` can take; refused past what ALE counts.
+
+    ALE takes the cap in raw frames as a 32-bit int: ``--max-episode-length`` times the most
+    frames one agent step takes (``--skip-rate`` on NoFrameskip ids, the id's own skip
+    otherwise, the top of the range for the old random-skip ids). 0 outside Atari.
+
+    Raises:
+        UsageError: the cap is past `MAX_EPISODE_FRAMES`, naming the largest that fits.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        return 0
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    if ale_skip == 1:
+        step_frames = skip_rate
+    else:  # the old ids skip a random [low, high) frames
+        step_frames = ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1
+    frames = max_episode_length * step_frames
+    if frames > MAX_EPISODE_FRAMES:
+        raise UsageError(
+            f"--max-episode-length {max_episode_length} x {step_frames} raw frames a step on "
+            f"{env_id} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
+            f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
+        )
+    return frames
+
+
 def frames_per_step(env_id: str, skip_rate: int) -> int:
     """Raw emulator frames behind one agent step (1 outside Atari).
 
@@ -484,17 +512,7 @@ def atari_env(
 
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
-    # Most raw frames one agent step can take (the old ids skip a random [low, high) frames).
-    step_frames = (
-        skip_rate if we_skip else (ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1)
-    )
-    max_frames = max_episode_length * step_frames
-    if max_frames > MAX_EPISODE_FRAMES:  # cli checks --skip-rate's; this the id's own skip
-        raise UsageError(
-            f"--max-episode-length {max_episode_length} x {env_id}'s {step_frames} frames a "
-            f"step is {max_frames:,} raw frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
-            f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
-        )
+    max_frames = check_episode_cap(env_id, max_episode_length, skip_rate)
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
     if repeat_action_probability is not None:
         make_kwargs["repeat_action_probability"] = repeat_action_probability

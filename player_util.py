@@ -92,11 +92,16 @@ def policy_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 # ----------------------------------------------------------------------------------------------
 
 
+HOST = torch.device("cpu")
+"""Where a rollout's recorded rewards and per-step flags stay (`Rollout`)."""
+
+
 @dataclass
 class Rollout:
-    """K envs' rollout, what the loss needs, as (T, K) tensors on the worker's device.
+    """K envs' rollout, what the loss needs, as (T, K) tensors.
 
-    (`terminated` and `truncated`, which the loss does not read, stay on the CPU.)
+    The network's outputs and the bootstrap values are on the worker's device; the rewards
+    and the per-step flags, which the host recorded, stay on the CPU.
 
     Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose episode
     ended at step t < T - 1 waited for the rest: `took` is false on its later rows, which the
@@ -463,12 +468,12 @@ class Agent:
             values=values,
             log_probs=log_probs,
             entropies=entropies,
-            rewards=self.record.to_device("rewards", self.device),
-            took=self.record.to_device("took", self.device),
-            # What ended each episode, for diagnostics: the loss reads `took` and `bootstrap`,
-            # so these stay on the host (no copy to a GPU each rollout).
-            terminated=self.record.to_device("terminated", torch.device("cpu")),
-            truncated=self.record.to_device("truncated", torch.device("cpu")),
+            # The record's per-step flags and rewards stay on the host: the returns' scan runs
+            # there (`train.discounted_targets`) and the loss takes `took` to its device once.
+            rewards=self.record.to_device("rewards", HOST),
+            took=self.record.to_device("took", HOST),
+            terminated=self.record.to_device("terminated", HOST),
+            truncated=self.record.to_device("truncated", HOST),
             bootstrap=self.bootstrap_value(),
             steps=self.steps,
         )

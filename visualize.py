@@ -12,22 +12,20 @@ Commands::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
-import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
 
 import cli
-from checkpoint import env_file_stem
+from checkpoint import env_file_stem, write_atomic
 from environment import DEFAULT_CONFIG, env_config, read_config
 from utils import OneLineParser, UsageError, format_elapsed
 
@@ -248,11 +246,9 @@ def plot_curve(
     fig.suptitle(title or f"{Path(logs[-1]).name}{before}: {len(games)} test games")
     fig.tight_layout()
     try:
-        with writing(out) as partial:
-            fig.savefig(partial)
+        return write_image(out, lambda f: fig.savefig(f, format=Path(out).suffix[1:] or None))
     finally:
         plt.close(fig)
-    return Path(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,43 +328,42 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
 
 def write_png(image: np.ndarray, out: str | Path) -> Path:
     """Save an RGB array as PNG."""
-    out = Path(out)
-    with writing(out) as partial:
-        if not cv2.imwrite(str(partial), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
-            raise UsageError(f"cannot write {str(out)!r}; choose a folder you can write")
-    return out
+
+    def encode(f: BinaryIO) -> None:
+        encoded, data = cv2.imencode(Path(out).suffix, cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        if not encoded:
+            raise ValueError(f"OpenCV cannot encode {Path(out).suffix!r}")
+        f.write(data.tobytes())
+
+    return write_image(out, encode)
 
 
-@contextlib.contextmanager
-def writing(out: str | Path) -> Iterator[Path]:
-    """Make `out`'s folder; the block writes the path it gets, which then becomes `out`.
+def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Write an image file with `checkpoint.write_atomic`; a failure is one line.
 
-    The block writes ``<stem>.partial<suffix>`` beside `out` (the suffix kept, so each
-    library still picks the format by it), renamed to `out` when the block ends: an
-    interrupted or failed write leaves `out` as it was (a shipped GIF is never half-written).
+    An interrupted or failed write leaves `out` as it was (a shipped GIF is never
+    half-written) and no temporary file.
+
+    Args:
+        out: the file; its suffix names the format.
+        write: writes the image's bytes, in the format `out`'s suffix names, to the file
+            object it is given.
 
     Raises:
-        UsageError: the folder cannot be made or the file written, naming the file.
+        UsageError: the folder cannot be made or the file written, or the suffix names no
+            image format, naming the file.
     """
-    out = Path(out)
-    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        yield partial
-        os.replace(partial, out)
+        write_atomic(out, write)
     except OSError as err:
         raise UsageError(
             f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
         ) from None
-    except UsageError:  # the block's own (a ValueError too): as it is
-        raise
-    except (ValueError, cv2.error):  # matplotlib's, Pillow's or OpenCV's: a format unknown
+    except (ValueError, KeyError, cv2.error):  # a format unknown to matplotlib, Pillow, OpenCV
         raise UsageError(
             f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
         ) from None
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+    return Path(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -384,11 +379,15 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
         raise ValueError("expected at least one frame, got none")
     out = Path(out)
     images = [Image.fromarray(f) for f in frames]
-    with writing(out) as partial:
+
+    def save(f: BinaryIO) -> None:
+        image_format = Image.registered_extensions()[out.suffix.lower()]  # KeyError: no image
         images[0].save(
-            partial, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
-        )
-    return out
+            f, format=image_format, save_all=True, append_images=images[1:],
+            duration=round(1000 / fps), loop=0,
+        )  # fmt: skip
+
+    return write_image(out, save)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,9 +36,14 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 from bench_exchange import _cpu_name, start_one_machine_cluster  # noqa: E402
 from bench_step import main_py_refusal  # noqa: E402
-from bench_training import output_file, processes, run_once, stop_signals, stopped  # noqa: E402
-
-from checkpoint import write_json_atomic  # noqa: E402
+from bench_training import (  # noqa: E402
+    output_file,
+    processes,
+    run_once,
+    stop_signals,
+    stopped,
+    write_results,
+)
 
 CPU_ROLES = (
     ("Train Agent", "workers"),
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         result["window_s"] = windows
         result["cpu_by_role"] = cpu
         if args.json:
-            write_json_atomic(result, args.json)
+            write_results(result, args.json)
 
     with stop_signals():
         cluster = None

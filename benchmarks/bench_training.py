@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,9 +39,6 @@ from bench_step import main_py_refusal, mode_flags  # noqa: E402
 from checkpoint import write_json_atomic  # noqa: E402
 from main import STOPPING  # noqa: E402
 from utils import UsageError  # noqa: E402
-
-STARTED = time.time()
-"""When this benchmark started (the import): results files older than this are not its own."""
 
 STATUS = re.compile(r"status (\d+)h (\d\d)m (\d\d)s \| steps [\d,]+ \| frames ([\d,]+)")
 
@@ -246,11 +244,20 @@ def output_folder(parser: argparse.ArgumentParser, flag: str, path: str | Path |
         parser.error(f"{flag} {path}: {str(existing)!r} is not a folder this user can write")
 
 
+WRITTEN: set[str] = set()
+"""The results files this benchmark has written (`write_results`)."""
+
+
+def write_results(results: Any, path: str | Path) -> None:
+    """Write the results so far as JSON, atomically, and note that this run wrote `path`."""
+    write_json_atomic(results, path)
+    WRITTEN.add(str(path))
+
+
 def stopped(script: str, json_path: str | Path | None) -> int:
     """Say that `script` was stopped (Ctrl-C, SIGTERM) and where its figures are; exit 130."""
-    # Written by this run, not a file an earlier one left under the same name?
-    written = json_path and Path(json_path).exists() and Path(json_path).stat().st_mtime >= STARTED
-    kept = f"; what was measured is in {json_path}" if written else ""
+    # Written by this run (`write_results`), not a file an earlier one left under that name?
+    kept = f"; what was measured is in {json_path}" if str(json_path) in WRITTEN else ""
     print(f"{script}: stopped{kept}", file=sys.stderr)
     return 130
 
@@ -381,13 +388,13 @@ def measure(args: argparse.Namespace, modes: dict[str, list[str]]) -> int:
                 return 1
             row["modes"][mode] = {**run, "flags": " ".join(flags)}
             if args.json:  # after every run: a failure later keeps what was measured
-                write_json_atomic(results, args.json)
+                write_results(results, args.json)
         reference = row["modes"].get("reference")
         for result in row["modes"].values():
             if reference is not None:
                 result["speedup"] = result["frames_per_s"] / reference["frames_per_s"]
         if args.json:  # with the speed-ups: a later worker count may fail
-            write_json_atomic(results, args.json)
+            write_results(results, args.json)
         for mode, result in row["modes"].items():
             ratio = f", {result['speedup']:.2f}x the reference" if "speedup" in result else ""
             print(

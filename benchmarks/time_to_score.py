@@ -31,7 +31,6 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from bench_training import (  # noqa: E402
     stopped_with,
 )
 
-from checkpoint import env_file_stem, write_json_atomic  # noqa: E402
+from checkpoint import env_file_stem, write_atomic, write_json_atomic  # noqa: E402
 from visualize import first_reaching, moving_average, parse_log  # noqa: E402
 
 
@@ -185,13 +184,14 @@ def run_config(
                 "last_line": (stderr.strip().splitlines() or [""])[-1],
             }
         )
+        # Copied atomically: a Ctrl-C while copying leaves no cut file under a kept name.
         if keep is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            (keep / f"{label}_log").write_text(log.read_text() if log.exists() else "")
+            text = log.read_bytes() if log.exists() else b""
+            write_atomic(keep / f"{label}_log", lambda f: f.write(text))
         if keep_weights is not None:
-            keep_weights.mkdir(parents=True, exist_ok=True)
             for saved in [*sorted(Path(tmp).glob("*.dat")), *Path(tmp).glob("*_run.json")]:
-                shutil.copyfile(saved, keep_weights / f"{label}_{saved.name}")
+                data = saved.read_bytes()
+                write_atomic(keep_weights / f"{label}_{saved.name}", lambda f, d=data: f.write(d))
     return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import subprocess
 import sys
@@ -108,28 +109,27 @@ def main_here(flags: list[str], monkeypatch, capsys, through_cli: bool = False) 
     return code, capsys.readouterr().err
 
 
-def gym_eval_here(*flags: str) -> subprocess.CompletedProcess:
-    """``python gym_eval.py *flags`` run in this process: what `run_cli` returns, 3 s sooner.
+def script_here(script: str, *flags: str) -> subprocess.CompletedProcess:
+    """``python <script> *flags`` (gym_eval.py, visualize.py) run in this process.
 
-    For the refusals and short evaluations; the end-to-end tests keep `run_cli`.
+    What `run_cli` returns, 3 s sooner (no new interpreter importing torch): for refusals and
+    short runs; the end-to-end tests keep `run_cli`. The torch thread count a script sets
+    (``--threads``) is given back.
     """
-    import gym_eval
-
+    module = importlib.import_module(script.removesuffix(".py"))
     out, err = io.StringIO(), io.StringIO()
-    argv, threads = sys.argv, torch.get_num_threads()  # gym_eval sets --threads: give it back
-    sys.argv = ["gym_eval.py"]  # argparse's errors name sys.argv[0]
+    argv, threads = sys.argv, torch.get_num_threads()
+    sys.argv = [script]  # argparse's errors name sys.argv[0]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = gym_eval.main(list(flags))
+                code = module.main(list(flags))
             except SystemExit as stop:
                 code = stop.code
     finally:
         sys.argv = argv
         torch.set_num_threads(threads)
-    return subprocess.CompletedProcess(
-        ["gym_eval.py", *flags], code, out.getvalue(), err.getvalue()
-    )
+    return subprocess.CompletedProcess([script, *flags], code, out.getvalue(), err.getvalue())
 
 
 def folders(tmp_path: Path) -> list[str]:

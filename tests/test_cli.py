@@ -38,11 +38,11 @@ from tests.conftest import (
     ROOT,
     folders,
     group_alive,
-    gym_eval_here,
     load_pong_dat,
     main_here,
     requires_bf16_cpu,
     run_cli,
+    script_here,
     wait_group_gone,
 )
 from utils import UsageError
@@ -206,7 +206,8 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
         assert per_env["kind"] == "per_env" and len(per_env["envs"]) == 3
         assert all(env["num_steps"] > 0 for env in per_env["envs"])
 
-    result = gym_eval_here(
+    result = script_here(
+        "gym_eval.py",
         "--env", PONG,
         "--num-episodes", "2",
         "--hidden-size", "32",
@@ -301,13 +302,15 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert v5["protocol"]["repeat_action_probability"] == 1.0
     assert v5["protocol"]["max_pool_frames"] is False
     for bad in ("-0.1", "1.5"):
-        refused = gym_eval_here("--model", str(model), "--repeat-action-probability", bad)
+        refused = script_here(
+            "gym_eval.py", "--model", str(model), "--repeat-action-probability", bad
+        )
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines() == [
             f"gym_eval.py: error: --repeat-action-probability must be in [0, 1], got {float(bad)}; "
             "0.25 is the standard sticky-actions protocol, 0 a deterministic emulator"
         ]
-    missing = gym_eval_here("--model", str(tmp_path / "nope.dat"))
+    missing = script_here("gym_eval.py", "--model", str(tmp_path / "nope.dat"))
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"gym_eval.py: error: --model {str(tmp_path / 'nope.dat')!r} not found; give the path "
@@ -448,11 +451,14 @@ def test_gym_eval_says_in_one_line_when_drawing_needs_a_package(tmp_path, proces
     (tmp_path / "models").mkdir()
     model = build_model(env.observation_space, env.action_space, 32)
     torch.save(model.state_dict(), tmp_path / "models" / "CartPole-v1.dat")
-    result = gym_eval_here(
+    flags = [
         "--env", "CartPole-v1", "--hidden-size", "32", "--num-episodes", "2",
         "--demo", "--demo-dir", str(tmp_path / "demo"), "--processes", processes,
         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
-    )  # fmt: skip
+    ]  # fmt: skip
+    # Game processes write to the real stderr: with them, through the CLI to see all of it.
+    run = run_cli if processes != "1" else script_here
+    result = run("gym_eval.py", *flags)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("gym_eval.py: error: drawing CartPole-v1 needs a package"), last

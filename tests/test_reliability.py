@@ -283,7 +283,11 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
     assert training_record(str(tmp_path), Path("List.dat")) is None
     # A record of the wrong shape is left out with a warning: it never stops an evaluation.
     log = logging.getLogger("test.training_record")
-    for bad in ({"previous_runs": 1}, {"finished": {"frames": "12"}}):
+    wrong_shapes = (
+        {"previous_runs": 1}, {"finished": {"frames": "12"}}, {"command": 5},
+        {"hardware": 3}, {"protocol": []},
+    )  # fmt: skip
+    for bad in wrong_shapes:
         (tmp_path / "Bad_run.json").write_text(json.dumps(bad))
         with caplog.at_level("WARNING", logger=log.name):
             assert training_record(str(tmp_path), Path("Bad.dat"), log) is None

@@ -17,6 +17,7 @@ from shared_optim import SharedAdam
 from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
 from train import (
     a3c_loss,
+    discounted_targets,
     ensure_shared_grads,
     make_optimizer,
     pin_shared_memory,
@@ -66,6 +67,30 @@ def test_loss_matches_a_rollout_worked_by_hand():
     for got, adv in zip(values.grad.view(-1).tolist(), (-0.0184, -0.776, -0.34), strict=True):
         assert got == pytest.approx(-0.5 * adv, abs=1e-6)
     assert entropies.grad.view(-1).tolist() == pytest.approx([-0.1] * 3)
+
+
+def test_the_returns_scan_is_float32_and_bit_for_bit_the_torch_scan():
+    """The numpy scan against the torch ops it replaced, whatever type gamma and tau have."""
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randn(20, 8, generator=generator)
+    values = torch.randn(20, 8, generator=generator)
+    bootstrap = torch.randn(8, generator=generator)
+    took = torch.rand(20, 8, generator=generator) > 0.2
+    gamma, tau = 0.99, 0.95
+    ret, next_value, gae = bootstrap, bootstrap, torch.zeros(8)
+    want_returns, want_advantages = torch.empty(20, 8), torch.empty(20, 8)
+    for t in reversed(range(20)):  # the torch scan, step for step
+        ret = torch.where(took[t], gamma * ret + rewards[t], ret)
+        delta = rewards[t] + gamma * next_value - values[t]
+        gae = torch.where(took[t], gae * gamma * tau + delta, gae)
+        next_value = torch.where(took[t], values[t], next_value)
+        want_returns[t], want_advantages[t] = ret, gae
+    for discount, lam in ((gamma, tau), (np.float64(gamma), np.float64(tau))):
+        returns, advantages = discounted_targets(rewards, values, bootstrap, took, discount, lam)
+        assert returns.dtype == advantages.dtype == torch.float32
+        assert torch.equal(returns, want_returns) and torch.equal(advantages, want_advantages)
 
 
 def test_rows_of_steps_not_taken_reach_neither_loss_nor_gradients_even_as_nan():
