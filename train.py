@@ -97,10 +97,10 @@ def a3c_loss(
     The entries of steps an env did not take (``rollout.took`` false) are dropped with
     ``torch.where`` before any arithmetic (never multiplied by 0), and the scan passes those
     rows by, so a stale entry (a reward left from the last rollout) never reaches the loss.
-    Each env's terms are exactly its own
-    rollout's. This is no shield for the network's own outputs: a NaN it computed in such a
-    row would still reach the weights' gradients through its backward (0 * NaN). Such rows see
-    blank frames, and `sample_actions` refuses a policy with a NaN or inf in any row.
+    Each env's terms are exactly its own rollout's. This is no shield for the network's own
+    outputs: a NaN it computed in such a row would still reach the weights' gradients through
+    its backward (0 * NaN). Such rows see blank frames, and `sample_actions` refuses a policy
+    with a NaN or inf in any row.
 
     Args:
         rollout: the (T, K) values, log-probabilities and entropies (with grad) and the
