@@ -838,6 +838,17 @@ class ClusterRunProcess:
         return json.loads((self.tmp_path / "logs" / f"{PONG}_run.json").read_text())["cluster"]
 
 
+def every_process_of(run: ClusterRunProcess) -> set[int]:
+    """Every process of a cluster run on every node: the actors (the server's included) and
+    their workers, and the driver's own children (its test process, at least)."""
+    snapshot = live_processes()  # one snapshot: a worker may start between two
+    running = set(actor_processes(EVERY_ACTOR, snapshot))
+    assert running > set(actor_processes(table=snapshot))  # the server's process is found too
+    on_the_head = descendants(run.proc.pid, snapshot)
+    assert on_the_head
+    return running | on_the_head
+
+
 @pytest.mark.slow
 def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_cluster, tmp_path):
     run = ClusterRunProcess(ray_cluster, tmp_path)
@@ -854,12 +865,7 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
         steps = run.steps_in_status_lines()[-1]
         wait_until(lambda: run.steps_in_status_lines()[-1] > steps, 120, "more steps")
-        snapshot = live_processes()  # one snapshot: a worker may start between two
-        running = set(actor_processes(EVERY_ACTOR, snapshot))
-        assert running > set(actor_processes(table=snapshot))  # the server's process is found too
-        on_the_head = descendants(run.proc.pid, snapshot)  # the test process, at least
-        assert on_the_head
-        running |= on_the_head
+        running = every_process_of(run)
     finally:
         run.stop()  # Ctrl-C (SIGINT); the test below sends SIGTERM
     cluster = run.cluster_record()  # exit code 0
@@ -913,12 +919,7 @@ def test_sigterm_on_the_driver_stops_every_node_and_saves(ray_cluster, tmp_path)
     run = ClusterRunProcess(ray_cluster, tmp_path)  # no budget: only the signal ends it
     try:
         run.wait_until_training(test_games=2)
-        snapshot = live_processes()  # one snapshot: a worker may start between two
-        running = set(actor_processes(EVERY_ACTOR, snapshot))
-        assert running > set(actor_processes(table=snapshot))  # the server's process is found too
-        on_the_head = descendants(run.proc.pid, snapshot)  # the test process, at least
-        assert on_the_head
-        running |= on_the_head
+        running = every_process_of(run)
     finally:
         run.stop(signum)
     cluster = run.cluster_record()  # exit code 0
