@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ from cli import TrainConfig, as_dict, parse_train_args
 from environment import env_config, frames_per_step, make_env, read_config
 from model import build_model
 from monitor import RunMonitor
+from shared_optim import scheduled_lr
 from test import test
 from train import make_optimizer, train
 from utils import (
@@ -108,6 +110,7 @@ def resume_from(
                 f"{getattr(config, key)}: resume with the same {flag}"
             )
     shared_model.load_state_dict(check_state_dict(shared_model, state.model, where))
+    said: set[str] = set()  # settings the optimizer's resume logs itself
     if optimizer is not None and state.optimizer is not None:
         try:
             changed = optimizer.load_statistics(state.optimizer)
@@ -116,6 +119,7 @@ def resume_from(
                 f"training state {where!r}: optimizer statistics do not fit --optimizer "
                 f"{config.optimizer} ({err}); pass the optimizer it was saved with"
             ) from None
+        said = set(changed)
         for key, (saved_value, value) in changed.items():
             log.info(
                 f"resume: optimizer {key} was {saved_value} in the training state; "
@@ -141,7 +145,48 @@ def resume_from(
         f"resumed from {where}: step {state.steps:,}, {format_elapsed(state.elapsed)} trained, "
         f"{len(state.test_rewards)} test games; {statistics}"
     )
+    log_changed_settings(saved, config, state.steps, log, said)
     return state
+
+
+def log_changed_settings(
+    saved: dict[str, Any],
+    config: TrainConfig,
+    steps: int,
+    log: logging.Logger,
+    said: Iterable[str] = (),
+) -> None:
+    """Log each flag this sitting sets otherwise than the state's, and the lr where it moves.
+
+    A resumed run takes this command line's settings. Some change the training without a
+    flag saying so: a larger ``--max-steps`` under ``--lr-schedule linear`` raises the lr
+    from where the schedule stood (0.1x ``--lr`` at 9M of 10M steps, 0.55x with 20M).
+
+    Args:
+        saved: the configuration the training state was saved with.
+        config: this sitting's.
+        steps: the step the state was saved at.
+        log: where to say it.
+        said: settings already logged (the optimizer's), left out here.
+    """
+    left_out = {"load", *said}
+    changed = [
+        f"--{key.replace('_', '-')} {saved[key]} -> {value}"
+        for key, value in as_dict(config).items()
+        if key not in left_out and key in saved and saved[key] != value
+    ]
+    if changed:
+        log.info(f"resume: this sitting changes {', '.join(changed)}")
+    try:
+        lr_then = scheduled_lr(saved["lr"], saved["lr_schedule"], steps, saved["max_steps"])
+    except (KeyError, TypeError, ValueError):  # an older state's config: nothing to compare
+        return
+    lr_now = scheduled_lr(config.lr, config.lr_schedule, steps, config.max_steps)
+    if lr_now != lr_then:
+        log.info(
+            f"resume: the lr at step {steps:,} is {lr_now:.4g}; it was {lr_then:.4g} when the "
+            "state was saved"
+        )
 
 
 def same_file(path: Path, other: Path) -> bool:
@@ -361,6 +406,7 @@ class Launcher:
         )
         if resumed is not None:
             self.monitor.restore(resumed)
+        self.state_best = self.monitor.best  # the best test game the state file holds
 
     def drain_reports(self, child: Child | None = None) -> None:
         """Take the reports that have arrived (all, or `child`'s): errors kept, others monitored."""
@@ -394,15 +440,30 @@ class Launcher:
         Returns:
             Whether it was written.
         """
+        state = self.training_state()
         try:
-            self.training_state().save(self.paths.state)
+            state.save(self.paths.state)
         except OSError as err:
             self.log.error(
                 f"could not save the training state {self.paths.state} ({err}); "
                 "the previous file is kept"
             )
             return False
+        self.state_best = max(state.test_rewards, default=-math.inf)
         return True
+
+    def state_due(self) -> bool:
+        """Whether to write the training state now.
+
+        Every ``--state-interval`` seconds, and at once after a ``--save-max`` run's new best
+        test game: that game's weights are the ``.dat`` now, and a resume takes the score a
+        game must match to replace them from the state; one written before it (a crash in
+        between) would let a worse game replace the best weights.
+        """
+        if self.config.state_interval <= 0:
+            return False
+        new_best = self.config.save_max and self.monitor.best > self.state_best
+        return new_best or time.monotonic() >= self.next_state_save
 
     def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
         """The entry point and arguments of `child`, with the latest normaliser statistics."""
@@ -466,10 +527,10 @@ class Launcher:
                 self.stop_reason = f"--max-steps {self.config.max_steps} reached"
                 return
             if self.part != "workers":
-                if self.config.state_interval > 0 and time.monotonic() >= self.next_state_save:
+                self.drain_reports()
+                if self.state_due():
                     self.save_state()
                     self.next_state_save = time.monotonic() + self.config.state_interval
-                self.drain_reports()
                 self.monitor.tick()
             else:
                 self.drain_reports()

@@ -93,7 +93,6 @@ def run_test(
             f"total steps {steps}, total frames {frames}, "
             f"frames/s {frames / max(elapsed, 1e-9):.0f}{game.note()}"
         )
-        best = max(best, game.reward)
         ctx.report(
             "test",
             {
@@ -110,6 +109,8 @@ def run_test(
                 save_atomic(cpu_state_dict(model), paths.model)
             except OSError as err:
                 log.error(f"could not save {paths.model} ({err}); the previous file is kept")
+            else:  # --save-max: the score of the weights in the file
+                best = max(best, game.reward)
 
         if ctx.wait(config.test_interval):
             break

@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: N812
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_networks import time_call  # noqa: E402
-from bench_training import output_file  # noqa: E402
+from bench_training import output_file, run_script  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
 from fast_path import BACKWARD_CHUNK  # noqa: E402
@@ -150,4 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("bench_conv_layers.py", main))

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 import gymnasium as gym  # noqa: E402
-from bench_training import output_file  # noqa: E402
+from bench_training import output_file, run_script  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
 from cluster import ParameterServer, StatisticsSync, WeightSync, flat_weights  # noqa: E402
@@ -248,4 +248,4 @@ def _cpu_name() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("bench_exchange.py", main))

@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_training import output_file  # noqa: E402
+from bench_training import output_file, run_script  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
 from fast_path import (  # noqa: E402
@@ -244,4 +244,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("bench_networks.py", main))

@@ -198,4 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench_training import run_script  # it imports this module
+
+    sys.exit(run_script("bench_step.py", main))

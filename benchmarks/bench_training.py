@@ -262,6 +262,14 @@ def stopped(script: str, json_path: str | Path | None) -> int:
     return 130
 
 
+def run_script(script: str, main: Callable[[], int]) -> int:
+    """Run a benchmark's `main`; a Ctrl-C ends it with one line and exit 130, not a traceback."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        return stopped(script, None)
+
+
 def run_once(flags: list[str], seconds: float, warmup: float, status: float) -> dict:
     """One timed run of main.py; returns frames/s and peak memory per role.
 

@@ -603,3 +603,12 @@ def test_points_lost_plays_gym_evals_games(tmp_path, capsys):
     assert gym_eval.main([*flags, "--log-dir", str(tmp_path / "eval")]) == 0
     summary = json.loads((tmp_path / "eval" / "CartPole-v1_eval.json").read_text())
     assert ours == summary["rewards"]
+
+
+def test_a_benchmark_stopped_with_ctrl_c_says_so_in_one_line(capsys):
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert bench_training.run_script("bench_step.py", interrupted) == 130
+    assert capsys.readouterr().err == "bench_step.py: stopped\n"
+    assert bench_training.run_script("bench_step.py", lambda: 0) == 0

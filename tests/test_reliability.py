@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import train
 from checkpoint import TrainingState
-from cli import parse_train_args
+from cli import as_dict, parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
 from main import Child, prepare
 from model import A3Clstm, build_model
@@ -324,6 +324,28 @@ def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
         same = prepare(parse_train_args([*flags, *load, "--lr", "0.0001"]))
     assert same.optimizer.param_groups[0]["lr"] == 0.0001
     assert "resumed from" in caplog.text and "optimizer lr was" not in caplog.text
+
+
+def test_resume_names_the_settings_it_changes_and_the_lr_a_new_budget_gives(caplog):
+    from main import log_changed_settings
+
+    flags = [*PONG_SMALL, "--lr-schedule", "linear", "--lr", "0.001"]
+    saved = as_dict(parse_train_args([*flags, "--max-steps", "10000"]))
+    log = logging.getLogger("a3g.main")
+    with caplog.at_level("INFO", logger=log.name):
+        config = parse_train_args([*flags, "--max-steps", "20000", "--load", "--gamma", "0.998"])
+        log_changed_settings(saved, config, 9000, log)
+    assert "resume: this sitting changes --gamma 0.99 -> 0.998, --max-steps 10000 -> 20000" in (
+        caplog.text
+    )
+    assert "--load" not in caplog.text
+    assert "the lr at step 9,000 is 0.00055; it was 0.0001 when the state was saved" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger=log.name):
+        log_changed_settings(saved, parse_train_args([*flags, "--max-steps", "10000"]), 9000, log)
+        log_changed_settings({"env": saved["env"]}, config, 9000, log)  # an older state's config
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize(
@@ -676,6 +698,56 @@ def test_a_failed_save_keeps_the_previous_file_and_training_goes_on(tmp_path):
     assert f"training state NOT saved to {tmp_path / 'models' / f'{PONG}_state.pt'}" in last, last
     assert dat.read_bytes() == b"previous checkpoint"
     assert not list((tmp_path / "models").glob(".*.tmp"))
+
+
+def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, monkeypatch):
+    """A best game whose save failed leaves the bar at the score of the weights in the file."""
+    import test as test_process
+    from player_util import GAME_OVER, STOPPED, GameResult
+
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    ctx = ProcessContext.create(mp.get_context("spawn"))
+    scores = iter([5.0, 3.0, 4.0, 2.0, 4.0])
+    played: list[float] = []
+    saved: list[float] = []
+
+    def play_game(_player, _seed, _stall_steps, should_stop):
+        score = next(scores, None)
+        if score is None:
+            ctx.request_stop()
+            return GameResult(0.0, 0, STOPPED, 0)
+        played.append(score)
+        return GameResult(score, 100, GAME_OVER, 0)
+
+    def save(_state, _path):
+        if played[-1] == 5.0:
+            raise OSError(28, "No space left on device")
+        saved.append(played[-1])
+
+    monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
+    monkeypatch.setattr(test_process, "save_atomic", save)
+    test_process.run_test(
+        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.shared_model, ctx,
+    )  # fmt: skip
+    assert saved == [3.0, 4.0, 4.0]
+
+
+def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path):
+    """A resume takes the score to beat from the state: it must not lag the best .dat."""
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    game = {"reward": -20.0, "length": 100, "ending": "game over", "steps": 10, "frames": 40}
+    assert not launcher.state_due()
+    launcher.monitor.take("test", game)
+    assert launcher.state_due()
+    assert launcher.save_state() and not launcher.state_due()
+    launcher.monitor.take("test", {**game, "reward": -20.0})  # a tie is no new best
+    assert not launcher.state_due()
+    assert TrainingState.read_file(launcher.paths.state)["test_rewards"] == [-20.0]
+
+    plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "plain")]))
+    plain.monitor.take("test", game)
+    assert not plain.state_due()  # every --state-interval only
 
 
 # -- bad input, through the CLI: one line, exit 2, nothing overwritten -----------------------------
