@@ -854,6 +854,26 @@ def connect(ray: Any, address: str) -> None:
                 "port 6379 by default; not the dashboard's 8265 or the client's 10001)"
             ) from None
         raise UsageError(no_cluster(address, str(err))) from None
+    except RuntimeError as err:  # other Ray versions; this machine not one of the cluster's
+        raise UsageError(join_refusal(address, str(err))) from None
+
+
+def join_refusal(address: str, why: str) -> str:
+    """The one-line error for a RuntimeError of ``ray.init`` joining the cluster at `address`."""
+    why = " ".join(why.split())
+    if why.startswith("Version mismatch"):
+        return (
+            f"--ray-address {address}: this machine's Ray or Python is not the cluster's "
+            f"({why.removeprefix('Version mismatch: ')}); install the cluster's Ray version "
+            "here, under the same Python minor version (pip install ray==<its version>)"
+        )
+    if why.startswith("No node info found"):
+        return (
+            f"--ray-address {address}: this machine is not a node of that cluster ({why}); "
+            f"run main.py on one of its machines, or join this one first with 'ray start "
+            f"--address {address}'"
+        )
+    return f"--ray-address {address}: Ray could not join the cluster ({why})"
 
 
 def init_refusal(address: str, why: str, ray_address_env: str | None) -> str:
@@ -1082,9 +1102,9 @@ class ClusterRun:
     def poll(self) -> None:
         """Every supervision round: nodes that ended or died, new launchers, weights.
 
-        Notes the launchers that ended or were lost; every `ADOPT_SECONDS` (and at once when
-        none is left) starts launchers on alive nodes without one (`_adopt`); pulls the
-        weights when due.
+        Notes the launchers that ended or were lost; pulls the weights when due (and at once
+        when none is left); every `ADOPT_SECONDS` (and at once when none is left) starts
+        launchers on alive nodes without one (`_adopt`).
         """
         done = []
         if self.runs:
@@ -1092,6 +1112,17 @@ class ClusterRun:
         ended = [(self.runs.pop(ref), ref) for ref in done]  # all out first: `_settle` counts
         for node_id, ref in ended:
             self._settle(node_id, ref)
+        # With no launcher left, ask the server first: a lost server ends every node's run
+        # and fails their restarts, and the run must say so, not that no node could start.
+        if time.monotonic() >= self.next_pull or (ended and not self.runs):
+            try:
+                self.watch_load(*self.pull())
+            except self.ray.exceptions.RayError as err:
+                lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
+                self.launcher.stop_reason = f"the parameter server was lost: {lines[0][:300]}"
+                self.launcher.failed = True
+                self.launcher.ctx.request_stop()
+            self.next_pull = time.monotonic() + self.config.sync_interval
         # After a loss, wait for the next round unless no launcher is left: Ray may list a
         # dying machine as alive for some seconds, and a start there would fail. With none
         # left (the last one lost, failed or finished), look at once: a node still waiting
@@ -1104,15 +1135,6 @@ class ClusterRun:
             self.launcher.stop_reason = self.launcher.stop_reason or self._why_none_left()
             self.launcher.failed = all(r["failed"] for r in self.finished.values())
             self.launcher.ctx.request_stop()
-        if time.monotonic() >= self.next_pull:
-            try:
-                self.watch_load(*self.pull())
-            except self.ray.exceptions.RayError as err:
-                lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
-                self.launcher.stop_reason = f"the parameter server was lost: {lines[0][:300]}"
-                self.launcher.failed = True
-                self.launcher.ctx.request_stop()
-            self.next_pull = time.monotonic() + self.config.sync_interval
 
     def _why_none_left(self) -> str:
         """The stop reason when no launcher is left and none can start."""
@@ -1194,12 +1216,18 @@ class ClusterRun:
             self.pull()
             stats = self.ray.get(self.server.stats.remote(), timeout=SERVER_SECONDS)
         except self.ray.exceptions.RayError as err:
-            self.log.error(f"could not reach the parameter server at the end ({err})")
+            self.log.error(
+                f"could not reach the parameter server at the end ({err}): the weights saved "
+                "are its last pull's, without the nodes' last updates"
+            )
+            self.launcher.failed = True
             stats = {}
-        answers = stats.pop("final_answers", {})
+        answers = stats.pop("final_answers", None)
         for node_id, result in self.finished.items():
-            # What the node holds at the end against what the server sent it last.
-            result["matches_server"] = result.pop("weights_digest", None) == answers.get(node_id)
+            # What the node holds at the end against what the server sent it last (None:
+            # unknown, the server did not answer).
+            digest = result.pop("weights_digest", None)
+            result["matches_server"] = None if answers is None else digest == answers.get(node_id)
         self.launcher.monitor.record["cluster"] = {
             "nodes": [
                 {"id": node_id, "host": info["host"], "workers": info["workers"]}
@@ -1227,6 +1255,7 @@ def run_cluster(config: TrainConfig) -> int:
         # From the nodes' start: a Ctrl-C then still stops them with their last exchange and
         # saves the weights (`Launcher.run`, which catches them too, sees the stop at once).
         with launcher.signals_caught():
+            launcher.open_record()  # before any node starts: a failure leaves none to stop
             cluster = ClusterRun(ray, config, launcher, log, nodes)
             launcher.on_poll = cluster.poll
             launcher.before_shutdown = cluster.stop

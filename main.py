@@ -374,6 +374,7 @@ class Launcher:
         self.failed = False
         self.final_saved = True
         self.state_saved = True
+        self.record_opened = False
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
         self.ctx = ProcessContext.create(
@@ -657,13 +658,31 @@ class Launcher:
         with self.signals_caught():  # from the first moment: a Ctrl-C always stops and saves
             return self._run()
 
+    def open_record(self) -> None:
+        """Start the run record and TensorBoard (`RunMonitor.open`), once, before any child.
+
+        Raises:
+            UsageError: they cannot be written (a full disk): nothing has started, and the
+                record of the sittings before is as it was.
+        """
+        if self.record_opened:
+            return
+        try:
+            self.monitor.open(
+                resumed_from=None if self.resumed is None else str(self.paths.load_state),
+                weights_from=str(self.paths.load_model)
+                if self.config.load and self.resumed is None
+                else None,
+            )
+        except OSError as err:
+            raise UsageError(
+                f"cannot start the run record {self.paths.record} or TensorBoard under "
+                f"{self.config.log_dir} ({err}); free space there or pick another --log-dir"
+            ) from None
+        self.record_opened = True
+
     def _run(self) -> int:
-        self.monitor.open(
-            resumed_from=None if self.resumed is None else str(self.paths.load_state),
-            weights_from=str(self.paths.load_model)
-            if self.config.load and self.resumed is None
-            else None,
-        )
+        self.open_record()
         cores = os.cpu_count() or 1
         if self.part == "all" and self.config.workers > cores:
             self.log.warning(
@@ -737,9 +756,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_cluster(config)
         launcher = prepare(config)
+        launcher.open_record()
     except UsageError as err:
         print(f"main.py: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # while a state loads, say: nothing trained, nothing written
+        print("main.py: stopped before training started", file=sys.stderr)
+        return 130
     return launcher.run()
 
 

@@ -92,6 +92,31 @@ def test_ray_inits_value_errors_name_what_to_mend():
     assert cluster.init_refusal("h:1", bad, "head").startswith("--ray-address 'h:1' is not an")
 
 
+def test_ray_inits_runtime_errors_name_what_to_mend():
+    mismatch = (
+        "Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.12.1\n"
+        "This process on node 10.0.0.2 was started with:\n    Ray: 2.59.0\n    Python: 3.11.7\n"
+    )
+    said = cluster.join_refusal("h:6379", mismatch)
+    assert said.startswith("--ray-address h:6379: this machine's Ray or Python is not the")
+    assert "Ray: 2.60.0 Python: 3.12.1 This process" in said and "\n" not in said
+    assert said.endswith("(pip install ray==<its version>)")
+    elsewhere = "No node info found matching attributes: '10.0.0.9' when trying to resolve"
+    assert "join this one first with 'ray start --address h:6379'" in cluster.join_refusal(
+        "h:6379", elsewhere
+    )
+    assert cluster.join_refusal("auto", "boom") == (
+        "--ray-address auto: Ray could not join the cluster (boom)"
+    )
+
+    def init(**_kwargs):
+        raise RuntimeError(mismatch)
+
+    fake_ray = SimpleNamespace(init=init, exceptions=SimpleNamespace(AuthenticationError=OSError))
+    with pytest.raises(cluster.UsageError, match="this machine's Ray or Python is not the"):
+        cluster.connect(fake_ray, "auto")
+
+
 def test_flat_weights_round_trip_in_place():
     model = net(0)
     model.share_memory()
@@ -335,13 +360,20 @@ def test_a_restarted_launchers_first_round_trip_is_left_out_of_the_load_window()
     assert server.stats()["round_trip_ms"] == 480.0  # the run record's mean: every one
 
 
+class ServerLostError(Exception):
+    """The driver's stand-in for Ray's errors (`driver_at_poll`)."""
+
+
 def driver_at_poll(runs: dict, ended: dict, next_adopt: float) -> SimpleNamespace:
     """A `ClusterRun` as `poll` sees it; `ended`: the launchers whose run() returned -> lost."""
     stop = {"requested": False}
     run = SimpleNamespace(
         runs=runs, finished={}, lost={}, refused=set(), next_adopt=next_adopt, adopted=[],
-        next_pull=math.inf,
-        ray=SimpleNamespace(wait=lambda refs, **_: ([r for r in refs if r in ended], [])),
+        next_pull=math.inf, pulls=[], config=SimpleNamespace(sync_interval=5.0),
+        ray=SimpleNamespace(
+            wait=lambda refs, **_: ([r for r in refs if r in ended], []),
+            exceptions=SimpleNamespace(RayError=ServerLostError),
+        ),
         launcher=SimpleNamespace(
             stop_reason="", failed=False,
             ctx=SimpleNamespace(
@@ -358,7 +390,13 @@ def driver_at_poll(runs: dict, ended: dict, next_adopt: float) -> SimpleNamespac
             run.finished[node_id] = {"failed": True}
         return ended[ref]
 
+    def pull():
+        run.pulls.append(time.monotonic())
+        return 0, 0.0
+
     run._settle = settle
+    run.pull = pull
+    run.watch_load = lambda count, total_ms: None
     run._adopt = lambda: run.adopted.append(time.monotonic())
     run._why_none_left = lambda: ClusterRun._why_none_left(run)
     return run
@@ -385,6 +423,49 @@ def test_when_the_last_launcher_fails_a_node_waiting_its_restart_is_looked_at_at
     run = driver_at_poll({"ref_a": "a"}, {"ref_a": True}, next_adopt=math.inf)
     ClusterRun.poll(run)
     assert run.launcher.stop_reason == "every node was lost"
+
+
+def test_when_no_launcher_is_left_the_driver_asks_the_server_before_starting_new_ones():
+    # A lost server ends every node's run, and restarts would fail to join it: the run must
+    # stop saying the server was lost, not that no node could start.
+    run = driver_at_poll({"ref_a": "a", "ref_b": "b"}, {"ref_a": False}, next_adopt=math.inf)
+    ClusterRun.poll(run)
+    assert run.pulls == []  # b runs on: the pull waits its turn
+    run = driver_at_poll({"ref_a": "a"}, {"ref_a": False}, next_adopt=math.inf)
+
+    def lost():
+        raise ServerLostError("The actor died unexpectedly before finishing this task.\nmore")
+
+    run.pull = lost
+    ClusterRun.poll(run)
+    assert run.adopted == [] and run.launcher.failed
+    assert run.launcher.stop_reason == (
+        "the parameter server was lost: The actor died unexpectedly before finishing this task."
+    )
+
+
+def test_a_server_lost_at_the_final_pull_fails_the_run_and_leaves_the_match_unknown():
+    # Every node made its last exchange; then the server did not answer the driver's final
+    # pull: the weights it saves miss the nodes' last updates, so the run must not exit 0.
+    class RayError(Exception):
+        pass
+
+    def unreachable(*_args, **_kwargs):
+        raise RayError("the actor died")
+
+    run = SimpleNamespace(
+        runs={}, actors={}, lost={}, starts={"a": 1},
+        finished={"a": {"failed": False, "weights_digest": "d1"}},
+        nodes={"a": {"host": "127.0.0.1", "workers": 1}},
+        ray=SimpleNamespace(exceptions=SimpleNamespace(RayError=RayError), get=unreachable),
+        server=SimpleNamespace(stats=SimpleNamespace(remote=lambda: None)),
+        pull=unreachable, config=SimpleNamespace(sync_interval=5.0),
+        launcher=SimpleNamespace(failed=False, monitor=SimpleNamespace(record={})),
+        log=SimpleNamespace(info=lambda _m: None, error=lambda _m: None),
+    )  # fmt: skip
+    ClusterRun.stop(run)
+    assert run.launcher.failed
+    assert run.launcher.monitor.record["cluster"]["finished"]["a"]["matches_server"] is None
 
 
 def test_the_drivers_training_reports_keep_the_normalisers_a_resumed_state_had():

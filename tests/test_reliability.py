@@ -421,6 +421,33 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     assert prepare(parse_train_args([*load, "--max-steps", "1501"])).resumed.steps == 1500
 
 
+def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
+    tmp_path, monkeypatch, capsys
+):
+    import monitor
+
+    def disk_full(_self, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(monitor.RunMonitor, "open", disk_full)
+    code, err = main_here([*PONG_SMALL, *folders(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"main.py: error: cannot start the run record {tmp_path}"), err
+    assert "No space left on device" in err and "--log-dir" in err
+    assert not (tmp_path / "models" / f"{PONG}.dat").exists()  # nothing trained, nothing saved
+
+
+def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import main
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt  # a Ctrl-C while a large training state loads, say
+
+    monkeypatch.setattr(main, "prepare", interrupted)
+    code, err = main_here([*PONG_SMALL, *folders(tmp_path)], monkeypatch, capsys)
+    assert (code, err) == (130, "main.py: stopped before training started\n")
+
+
 def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
     """The handlers are set from the run's first moment: a Ctrl-C while the run record is
     written (or a cluster's nodes start) is a clean stop, not a KeyboardInterrupt."""
