@@ -7,6 +7,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import shlex
 import signal
 import statistics
 import sys
@@ -305,7 +306,8 @@ def play_games(
                 result = player.play_game(
                     seed,
                     args.stall_steps,
-                    on_frame=on_frame if render_mode else None,
+                    # Screens only for a game that keeps them (--demo keeps the first).
+                    on_frame=on_frame if recorder is not None or demo is not None else None,
                     should_stop=should_stop,
                 )
                 if recorder is not None and result.ending != STOPPED:
@@ -535,7 +537,7 @@ def evaluate(args: EvalConfig) -> dict:
         "seed": args.seed,
         "threads": args.threads,
         "processes": processes,
-        "command": " ".join(["python", *sys.argv]),
+        "command": shlex.join(["python", *sys.argv]),
         "protocol": played,
         "training": training,
         "seconds": round(time.time() - start, 3),

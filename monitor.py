@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -199,7 +200,7 @@ class RunMonitor:
             self.writer.add_graph(self.model, (dummy, hx, cx))
         self.record = {
             "env": self.config.env,
-            "command": " ".join(["python", *sys.argv]),
+            "command": shlex.join(["python", *sys.argv]),
             "config": {**as_dict(self.config), "tensorboard_dir": self.tensorboard_dir},
             "versions": versions(),
             "hardware": hardware(self.config.gpu_ids),

@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -431,9 +432,17 @@ FOLDER_FLAGS = ("--save-model-dir", "-smd", "--load-model-dir", "-lmd", "--log-d
 is trained, and name folders of the machine it ran on)."""
 
 
+def command_words(command: str) -> list[str]:
+    """A recorded command's words, as a shell splits them (run records quote with `shlex`)."""
+    try:
+        return shlex.split(command)
+    except ValueError:  # an unbalanced quote: the words as they stand
+        return command.split()
+
+
 def without_folders(command: str) -> str:
     """`command` without its folder flags (`FOLDER_FLAGS`) and their values."""
-    words, kept = command.split(), []
+    words, kept = command_words(command), []
     skip = False
     for word in words:
         if skip:
@@ -442,7 +451,7 @@ def without_folders(command: str) -> str:
             skip = True
         elif not word.startswith(tuple(f"{flag}=" for flag in FOLDER_FLAGS)):
             kept.append(word)
-    return " ".join(kept)
+    return shlex.join(kept)
 
 
 def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None = None) -> str:
@@ -508,7 +517,7 @@ def _flag_values(command: str) -> dict[str, tuple[str, ...]]:
     long_form = _main_py_long_forms()
     flags: dict[str, tuple[str, ...]] = {"": ()}
     current = ""
-    for word in command.split():
+    for word in command_words(command):
         if word.startswith("-") and not _NUMBER.fullmatch(word):
             name, equals, value = word.partition("=")
             current = long_form.get(name, name)
@@ -530,7 +539,7 @@ def _main_py_long_forms() -> dict[str, str]:
 
 def same_run_flags(command: str) -> str:
     """`command` as a results row shows it: no folder flags, no ``--load``."""
-    return " ".join(word for word in without_folders(command).split() if word != "--load")
+    return shlex.join(word for word in command_words(without_folders(command)) if word != "--load")
 
 
 SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}

@@ -28,6 +28,7 @@ from visualize import (
     parse_log,
     parse_sittings,
     results_table,
+    same_run_flags,
     write_gif,
 )
 
@@ -368,6 +369,37 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
     assert (tmp_path / "demo" / "PongNoFrameskip-v4.mp4").stat().st_size > 1000
 
 
+def test_gym_eval_renders_only_the_games_it_keeps_screens_of(tmp_path):
+    import logging
+
+    import gymnasium as gym
+    import torch
+
+    from cli import parse_eval_args
+    from gym_eval import play_games
+    from model import A3Clstm
+
+    model = tmp_path / "Pong.dat"
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), model)
+    args = parse_eval_args(
+        ["--hidden-size", "32", "--max-episode-length", "30", "--demo",
+         "--demo-dir", str(tmp_path / "demo"), "--log-dir", str(tmp_path / "logs")]
+    )  # fmt: skip
+    renders: list[int] = []
+
+    class CountRenders(gym.Wrapper):
+        def render(self):
+            renders[-1] += 1
+            return self.env.render()
+
+    def report(_game, _result):
+        renders.append(0)
+
+    renders.append(0)
+    play_games(args, model, range(1, 4), 1, report, logging.getLogger("t"), wrap_env=CountRenders)
+    assert renders[0] > 0 and renders[1:] == [0, 0, 0]  # the demo's game; none after it
+
+
 def test_results_table_from_eval_summaries(tmp_path):
     summary = {
         "env": "CartPole-v1", "mean": 500.0, "std": 0.0, "best": 500.0, "games": 100,
@@ -427,6 +459,12 @@ def test_results_table_from_eval_summaries(tmp_path):
         "python main.py --lr 1 --amsgrad -s 2", "python main.py -s 3 --lr=-1E-4"
     ) == ("--seed 3 --lr -1E-4 without --amsgrad")
     assert flag_changes("python main.py -s 2 --lr 0.1", "python main.py --lr 0.1 --seed 2") == ""
+    # Run records quote as a shell does (shlex): a folder with a space is one value.
+    spaced = "python main.py --save-model-dir '/my runs/' --seed 2 --load --log-dir 'a b/'"
+    assert same_run_flags(spaced) == "python main.py --seed 2"
+    assert flag_changes("python main.py --seed 1", spaced).startswith(
+        "--save-model-dir /my runs/ --seed 2"
+    )
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
     v0 = describe_protocol(protocol("Pong-v0", 4, 100))
