@@ -650,7 +650,7 @@ class NodeLauncher:
         from checkpoint import RunPaths
         from main import Launcher
         from model import build_model
-        from train import make_optimizer
+        from shared_optim import make_optimizer
 
         # A machine's GPUs and CPU, checked here as on a single machine: a node short of them
         # fails to start, and the driver names it.

@@ -260,7 +260,8 @@ one env is one call. On the 2-core CPU, per frame: 2.4 ms in chunks of 20-40, 2.
 GPU_BACKWARD_CHUNK = 1 << 20
 """On a GPU the whole rollout goes in one call: the CPU's reason for chunks (activations
 falling out of a core's caches) does not apply, and each call is a few kernel launches that
-a bigger batch amortises. Not yet measured on a GPU (none lent so far)."""
+a bigger batch amortises. Not measured against chunks on a GPU (the lent H200 sessions
+timed the whole-rollout path only)."""
 
 
 def backward_chunk(device: torch.device) -> int:

@@ -31,9 +31,9 @@ from cli import TrainConfig, as_dict, parse_train_args
 from environment import env_config, frames_per_step, make_env, read_config
 from model import build_model
 from monitor import RunMonitor
-from shared_optim import scheduled_lr
+from shared_optim import make_optimizer, scheduled_lr
 from test import test
-from train import make_optimizer, train
+from train import train
 from utils import (
     FATAL_EXIT,
     ProcessContext,

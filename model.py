@@ -79,7 +79,7 @@ class ActorCriticLSTM(nn.Module):
         The CPU: yes (the measured 1.6x batch-1 forward, fp32 and bf16). A GPU: only under
         bf16, whose tensor-core convolutions want channels last; fp32 stays in cuDNN's
         default layout. The GPU choice follows NVIDIA's layout guidance, not a measurement
-        here (no GPU has been lent to this project yet).
+        here (the lent H200 sessions measured throughput and bf16, not this layout).
         """
         return device.type == "cpu" or bf16
 

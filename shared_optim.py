@@ -369,3 +369,20 @@ class SharedAdam(_SharedOptimizer):
         # instead of two (`sqrt() / c` took 24 ms of a 3.2M-parameter step, this 9, on a core).
         denom = second_moment.sqrt().div_(bias_correction2_sqrt).add_(eps)
         param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def make_optimizer(
+    params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool, slots: int = 1
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam).
+
+    Args:
+        params: the parameters it updates.
+        optimizer: ``"Adam"`` or ``"RMSprop"``.
+        lr: the learning rate.
+        amsgrad: AMSGrad (Adam only).
+        slots: processes that will step it (``--workers`` for the shared optimizer).
+    """
+    if optimizer == "RMSprop":
+        return SharedRMSprop(params, lr=lr, slots=slots)
+    return SharedAdam(params, lr=lr, amsgrad=amsgrad, slots=slots)

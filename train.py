@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +16,7 @@ from cli import TrainConfig
 from environment import load_worker_normalizer_state, make_env, worker_normalizer_state
 from model import build_model
 from player_util import Agent, NonFiniteError, Rollout
-from shared_optim import SharedAdam, SharedRMSprop, scheduled_lr, set_lr
+from shared_optim import make_optimizer, scheduled_lr, set_lr
 from utils import FatalRunError, ProcessContext, child_process, worker_device
 
 
@@ -398,23 +398,6 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = 
             cuda_device = grad.device
     if cuda_device is not None:
         torch.cuda.current_stream(cuda_device).synchronize()
-
-
-def make_optimizer(
-    params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool, slots: int = 1
-) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam).
-
-    Args:
-        params: the parameters it updates.
-        optimizer: ``"Adam"`` or ``"RMSprop"``.
-        lr: the learning rate.
-        amsgrad: AMSGrad (Adam only).
-        slots: processes that will step it (``--workers`` for the shared optimizer).
-    """
-    if optimizer == "RMSprop":
-        return SharedRMSprop(params, lr=lr, slots=slots)
-    return SharedAdam(params, lr=lr, amsgrad=amsgrad, slots=slots)
 
 
 class PhaseClock:

@@ -33,7 +33,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from cli import parse_train_args  # noqa: E402
 from environment import env_config, make_env, read_config  # noqa: E402
 from model import build_model  # noqa: E402
-from train import PhaseClock, make_optimizer, run_worker  # noqa: E402
+from shared_optim import make_optimizer  # noqa: E402
+from train import PhaseClock, run_worker  # noqa: E402
 from utils import ProcessContext, UsageError, check_gpus, check_precision  # noqa: E402
 
 PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report")

@@ -13,13 +13,12 @@ from environment import make_env
 from fast_path import sequence_from_features
 from model import build_model
 from player_util import Rollout
-from shared_optim import SharedAdam
+from shared_optim import SharedAdam, make_optimizer
 from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
 from train import (
     a3c_loss,
     discounted_targets,
     ensure_shared_grads,
-    make_optimizer,
     pin_shared_memory,
     run_worker,
     step_size_for,
