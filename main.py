@@ -760,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"main.py: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # while a state loads, say: nothing trained, nothing written
+    except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
         print("main.py: stopped before training started", file=sys.stderr)
         return 130
     return launcher.run()
