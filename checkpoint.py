@@ -267,6 +267,9 @@ class TrainingState:
         tensorboard_dir: the run's TensorBoard folder (a resumed run writes on in it).
         config: the configuration of the run that saved it.
         saved_at: when it was saved (``time.time()``).
+        dat_score: the test-game score of the weights in ``<env>.dat`` then (None: not known,
+            as after the shutdown save of a run without ``--save-max``); what a resumed
+            ``--save-max`` run's games must match to replace that file.
     """
 
     model: dict[str, torch.Tensor]
@@ -281,6 +284,7 @@ class TrainingState:
     tensorboard_dir: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     saved_at: float = 0.0
+    dat_score: float | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the state atomically (an OSError leaves the previous file intact)."""
@@ -306,6 +310,7 @@ class TrainingState:
             "tensorboard_dir": self.tensorboard_dir,
             "config": self.config,
             "saved_at": self.saved_at,
+            "dat_score": self.dat_score,
         }
         save_atomic(layout, path)
 
@@ -335,6 +340,12 @@ class TrainingState:
         raw = cls.read_file(path)
         normalizers = dict(raw.get("normalizers") or {})
         test_normalizer = normalizers.pop("test", None)
+        rewards = [float(r) for r in raw.get("test_rewards", [])]
+        config = dict(raw.get("config") or {})
+        if "dat_score" in raw:
+            dat_score = None if raw["dat_score"] is None else float(raw["dat_score"])
+        else:  # an older file: a --save-max run's .dat held its best game's weights
+            dat_score = max(rewards) if config.get("save_max") and rewards else None
         return cls(
             model=raw.get("model"),
             optimizer=raw.get("optimizer"),
@@ -342,12 +353,13 @@ class TrainingState:
             frames=int(raw.get("frames", 0)),
             elapsed=float(raw.get("elapsed", 0.0)),
             skipped_updates=int(raw.get("skipped_updates", 0)),
-            test_rewards=[float(r) for r in raw.get("test_rewards", [])],
+            test_rewards=rewards,
             worker_normalizers={int(rank): s for rank, s in normalizers.items()},
             test_normalizer=test_normalizer,
             tensorboard_dir=str(raw.get("tensorboard_dir") or ""),
-            config=dict(raw.get("config") or {}),
+            config=config,
             saved_at=float(raw.get("saved_at", 0.0)),
+            dat_score=dat_score,
         )
 
 

@@ -15,11 +15,18 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from environment import DEFAULT_CONFIG, check_episode_cap, check_sticky_probability
+from environment import (
+    DEFAULT_CONFIG,
+    check_episode_cap,
+    check_skip_rate_applies,
+    check_sticky_probability,
+)
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
+DEFAULT_SKIP_RATE = 4
+"""Raw frames per agent step on NoFrameskip ids (the original's); other ids skip their own."""
 SYNC_INTERVAL = 3.0
 """A cluster node's seconds between exchanges, by default (measured: docs/cluster.md)."""
 
@@ -66,7 +73,7 @@ class CommonConfig:
     max_episode_length: int = flag(
         10000, "-mel", help="agent steps before an episode (a game, in gym_eval) is cut"
     )
-    skip_rate: int = flag(4, "-sk", help="frame skip (NoFrameskip ids)")
+    skip_rate: int = flag(DEFAULT_SKIP_RATE, "-sk", help="frame skip (NoFrameskip ids)")
     hidden_size: int = flag(512, "-hs", help="LSTM hidden size (must match a loaded model)")
     load_model_dir: str = flag(
         "trained_models/", "-lmd", help="folder holding <env>.dat (and <env>_state.pt)"
@@ -419,6 +426,8 @@ def _validate_common(config: CommonConfig) -> None:
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
+    if config.skip_rate != DEFAULT_SKIP_RATE:
+        check_skip_rate_applies(config.env, config.skip_rate)
     check_episode_cap(config.env, config.max_episode_length, config.skip_rate)
     if config.stall_steps < 0:
         raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")

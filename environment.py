@@ -72,6 +72,11 @@ def read_config(path: str | Path) -> dict[str, dict[str, int]]:
         ) from None
     except OSError as err:
         raise UsageError(f"env config {str(path)!r} cannot be read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"env config {str(path)!r} is not a text file; pass --env-config with the path of "
+            "config.json"
+        ) from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as err:
@@ -225,6 +230,26 @@ def protocol(
         "episode_cap_steps": max_episode_length,
         **stall,
     }
+
+
+def check_skip_rate_applies(env_id: str, skip_rate: int) -> None:
+    """Refuse a ``--skip-rate`` that `env_id` would ignore (only NoFrameskip ids use it).
+
+    Raises:
+        UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point == ATARI_ENTRY_POINT and spec.kwargs.get("frameskip", 1) == 1:
+        return
+    why = (
+        f"skips frames itself (frameskip {spec.kwargs['frameskip']})"
+        if spec.entry_point == ATARI_ENTRY_POINT
+        else "is not an ALE game"
+    )
+    raise UsageError(
+        f"--skip-rate {skip_rate} applies to NoFrameskip ids only and {env_id} {why}; drop "
+        "--skip-rate, or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
+    )
 
 
 def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: int) -> int:

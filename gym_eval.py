@@ -161,10 +161,16 @@ def cut_short(results: list[GameResult]) -> str:
     return f" ({sum(endings.values())} cut short: {', '.join(parts)})"
 
 
+def demo_paths(folder: Path, stem: str) -> tuple[Path, Path]:
+    """Where ``--demo`` writes: ``<demo-dir><env>.gif`` and ``.mp4``."""
+    return folder / f"{stem}.gif", folder / f"{stem}.mp4"
+
+
 def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -> None:
-    """``<folder><stem>.gif`` and ``.mp4`` of one game."""
-    gif = write_gif(demo.frames, folder / f"{stem}.gif", fps=demo.fps)
-    video = VideoRecorder(folder / f"{stem}.mp4", fps=demo.fps)
+    """`demo_paths`: a GIF and an MP4 of one game."""
+    gif_path, video_path = demo_paths(folder, stem)
+    gif = write_gif(demo.frames, gif_path, fps=demo.fps)
+    video = VideoRecorder(video_path, fps=demo.fps)
     try:
         for frame in demo.frames:
             video.add(frame)
@@ -199,7 +205,7 @@ def training_record(
         path = Path(log_dir) / f"{model_path.stem.removesuffix(LAST_SAVE_SUFFIX)}_run.json"
     try:
         record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: not JSON, not text
         return None
     try:
         if not isinstance(record, dict):
@@ -463,7 +469,8 @@ def evaluate(args: EvalConfig) -> dict:
     """
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
-        raise UsageError(f"--model {args.model!r} not found; give the path of a .dat file")
+        what = "is a folder" if model_path.is_dir() else "not found"
+        raise UsageError(f"--model {args.model!r} {what}; give the path of a .dat file")
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     check_writable(args.log_dir, "--log-dir")
     if args.new_gym_eval:
@@ -473,6 +480,13 @@ def evaluate(args: EvalConfig) -> dict:
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path, log)  # its warning before the games
+    if args.demo:
+        earlier = [path for path in demo_paths(Path(args.demo_dir), stem) if path.exists()]
+        if earlier:  # the default demo/ holds the shipped pictures
+            log.warning(
+                f"--demo will write over {' and '.join(map(str, earlier))}; another --demo-dir "
+                "keeps them"
+            )
     played = protocol(
         args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability,
         args.stall_steps,
@@ -575,7 +589,7 @@ def summarised_model(json_path: Path) -> str | None:
     """The model an existing evaluation summary at `json_path` played, if there is one."""
     try:
         summary = json.loads(json_path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: not JSON, not text
         return None
     model = summary.get("model") if isinstance(summary, dict) else None
     return model if isinstance(model, str) else None

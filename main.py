@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -259,11 +258,18 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "
             f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"
         )
-    elif config.save_max and config.load and resumed is None and paths.model.exists():
-        # Weights alone carry no test games: the best to beat starts at nothing.
+    elif (
+        config.save_max
+        and config.load
+        and paths.model.exists()
+        and (resumed is None or resumed.dat_score is None)
+    ):
+        # Weights alone carry no test games, and a run without --save-max ends with weights
+        # no game has scored: the best to beat starts at nothing.
+        why = "no training state" if resumed is None else "its run saved it without --save-max"
         log.warning(
-            f"--save-max: the score behind {paths.model} is not known (no training state), so "
-            "the first test game's weights replace it; copy it elsewhere to keep it"
+            f"--save-max: the score behind {paths.model} is not known ({why}), so the first "
+            "test game's weights replace it; copy it elsewhere to keep it"
         )
     if paths.record.exists() and not config.load:
         log.warning(
@@ -407,7 +413,9 @@ class Launcher:
         )
         if resumed is not None:
             self.monitor.restore(resumed)
-        self.state_best = self.monitor.best  # the best test game the state file holds
+            if not (paths.model.exists() and same_file(paths.model, paths.load_model)):
+                self.monitor.dat_score = None  # the state's score was of another folder's file
+        self.state_dat_score = self.monitor.dat_score  # what the state file says of <env>.dat
 
     def drain_reports(self, child: Child | None = None) -> None:
         """Take the reports that have arrived (all, or `child`'s): errors kept, others monitored."""
@@ -433,6 +441,7 @@ class Launcher:
             tensorboard_dir=self.tensorboard_dir,
             config=as_dict(self.config),
             saved_at=time.time(),
+            dat_score=self.monitor.dat_score,
         )
 
     def save_state(self) -> bool:
@@ -450,20 +459,20 @@ class Launcher:
                 "the previous file is kept"
             )
             return False
-        self.state_best = max(state.test_rewards, default=-math.inf)
+        self.state_dat_score = state.dat_score
         return True
 
     def state_due(self) -> bool:
         """Whether to write the training state now.
 
-        Every ``--state-interval`` seconds, and at once after a ``--save-max`` run's new best
-        test game: that game's weights are the ``.dat`` now, and a resume takes the score a
-        game must match to replace them from the state; one written before it (a crash in
-        between) would let a worse game replace the best weights.
+        Every ``--state-interval`` seconds, and at once after a ``--save-max`` run saved a new
+        best test game's weights: a resume takes the score a game must match to replace
+        ``<env>.dat`` from the state, and one written before (a crash in between) would let
+        a worse game replace the best weights.
         """
         if self.config.state_interval <= 0:
             return False
-        new_best = self.config.save_max and self.monitor.best > self.state_best
+        new_best = self.config.save_max and self.monitor.dat_score != self.state_dat_score
         return new_best or time.monotonic() >= self.next_state_save
 
     def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
@@ -472,7 +481,7 @@ class Launcher:
         if child.is_test:
             return test, (
                 self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
-                ctx, list(monitor.rewards), monitor.test_normalizer,
+                ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
             )  # fmt: skip
         return train, (
             child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,
@@ -481,8 +490,8 @@ class Launcher:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
-        if self._signals == 1:
-            self.stop_reason = f"{signal.Signals(signum).name} received"
+        if self._signals == 1:  # a run already stopping (its budget reached) keeps its reason
+            self.stop_reason = self.stop_reason or f"{signal.Signals(signum).name} received"
             self.ctx.request_stop()
 
     def start(self) -> None:
@@ -588,6 +597,9 @@ class Launcher:
                 f"could not save {self.paths.final_model} ({err}); the previous file is kept"
             )
             self.final_saved = False
+        else:
+            if self.paths.final_model == self.paths.model:  # weights no test game has scored
+                self.monitor.dat_score = None
         self.state_saved = self.save_state()
 
     def stop_children(self) -> None:

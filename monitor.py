@@ -170,6 +170,7 @@ class RunMonitor:
         self.interval = config.status_interval
         self.rewards: list[float] = []
         self.best = -math.inf
+        self.dat_score: float | None = None  # the score of the weights in <env>.dat
         self.worker_normalizers: dict[int, Any] = {}
         self.test_normalizer: Any = None
         self.train_window: list[dict[str, float]] = []
@@ -269,12 +270,15 @@ class RunMonitor:
         """Continue from a resumed run's test rewards and normaliser statistics."""
         self.rewards = list(state.test_rewards)
         self.best = max(self.rewards, default=-math.inf)
+        self.dat_score = state.dat_score
         self.worker_normalizers = dict(state.worker_normalizers)
         self.test_normalizer = state.test_normalizer
 
     def _test_game(self, game: dict[str, float]) -> None:
         self.rewards.append(game["reward"])
         self.best = max(self.best, game["reward"])
+        if game.get("saved"):  # its weights are <env>.dat now
+            self.dat_score = game["reward"]
         frames = int(game["frames"])
 
         def write(writer: Any) -> None:

@@ -27,16 +27,18 @@ def run_test(
     ctx: ProcessContext,
     rewards: Sequence[float] = (),
     normalizer: dict | None = None,
+    dat_score: float | None = None,
 ) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
     After each game (`player_util.GreedyPlayer`: to a real game over, the time limit or
     ``--stall-steps`` without a reward): log the game (the original's line plus total steps,
-    frames and frames/s, and why it ended if not by a game over), report it to the launcher
-    (which writes TensorBoard), save
-    ``<save-model-dir><env>.dat`` (every game, or only on a new best with ``--save-max``),
-    then wait ``--test-interval`` seconds and reload the weights. A lost life continues the
-    same game. A failed save is logged and the previous file stays; testing goes on.
+    frames and frames/s, and why it ended if not by a game over), save
+    ``<save-model-dir><env>.dat`` (every game; with ``--save-max`` one that matches or beats
+    the score of the weights in it), report it to the launcher (which writes TensorBoard and
+    keeps that score for a resume), then wait ``--test-interval`` seconds and reload the
+    weights. A lost life continues the same game. A failed save is logged and the previous
+    file stays; testing goes on.
 
     Args:
         config: the run's configuration (all of it is logged first).
@@ -48,6 +50,8 @@ def run_test(
         ctx: stop event and counters shared with the launcher.
         rewards: the test rewards of the run so far (a resumed run or a restarted process).
         normalizer: observation-normaliser statistics to continue from.
+        dat_score: the score of the weights in ``<env>.dat`` (None: not known, so under
+            ``--save-max`` the first game replaces them).
     """
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
@@ -75,7 +79,7 @@ def run_test(
     frames_per = frames_per_step(config.env, config.skip_rate)
     games = len(rewards)
     reward_total = float(sum(rewards))
-    best = max(rewards, default=-math.inf)
+    bar = -math.inf if dat_score is None else dat_score  # what --save-max must match
     seed: int | None = config.seed
     while not ctx.stopping():
         game = player.play_game(seed, config.stall_steps, should_stop=ctx.stopping)
@@ -93,6 +97,14 @@ def run_test(
             f"total steps {steps}, total frames {frames}, "
             f"frames/s {frames / max(elapsed, 1e-9):.0f}{game.note()}"
         )
+        saved = False
+        if not config.save_max or game.reward >= bar:
+            try:
+                save_atomic(cpu_state_dict(model), paths.model)
+            except OSError as err:
+                log.error(f"could not save {paths.model} ({err}); the previous file is kept")
+            else:
+                saved, bar = True, game.reward
         ctx.report(
             "test",
             {
@@ -101,16 +113,10 @@ def run_test(
                 "ending": game.ending,
                 "steps": steps,
                 "frames": frames,
+                "saved": saved,
                 "normalizer": normalizer_state(env),
             },
         )
-        if not config.save_max or game.reward >= best:
-            try:
-                save_atomic(cpu_state_dict(model), paths.model)
-            except OSError as err:
-                log.error(f"could not save {paths.model} ({err}); the previous file is kept")
-            else:  # --save-max: the score of the weights in the file
-                best = max(best, game.reward)
 
         if ctx.wait(config.test_interval):
             break
@@ -127,10 +133,13 @@ def test(
     ctx: ProcessContext,
     rewards: Sequence[float] = (),
     normalizer: dict | None = None,
+    dat_score: float | None = None,
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
         # Lower priority (--test-niceness, 10 by default): while the workers keep every core
         # busy, the test process takes what they leave instead of a fair share.
         os.nice(config.test_niceness)
-        run_test(config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer)
+        run_test(
+            config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score
+        )

@@ -560,7 +560,7 @@ def results_table(paths: list[str | Path]) -> str:
     for path in paths:
         try:
             summary = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, ValueError) as err:  # ValueError: not JSON, not text
             raise UsageError(f"cannot read eval summary {str(path)!r}: {err}") from None
         if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
             raise UsageError(
@@ -582,6 +582,7 @@ def _results_row(summary: dict[str, Any]) -> str:
     games = f"{summary['games']}" + (" (interrupted)" if summary.get("interrupted") else "")
     frames = training.get("frames")
     seconds = training.get("seconds")
+    command = training.get("command")
     return (
         "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
         "| {best:g} | {games} | `{cmd}`{resumed} |".format(
@@ -595,7 +596,7 @@ def _results_row(summary: dict[str, Any]) -> str:
             std=summary["std"],
             best=summary["best"],
             games=games,
-            cmd=without_folders(training.get("command") or "?"),
+            cmd=without_folders(command) if command else "?",
             resumed=resumed_note(
                 training.get("sittings", 1),
                 training.get("restarts", 0),

@@ -115,8 +115,10 @@ def test_env_ids_become_safe_file_names(env_id, stem):
 LAYOUT = {
     "format", "model", "optimizer", "steps", "frames", "elapsed", "skipped_updates",
     "test_rewards", "test", "normalizers", "tensorboard_dir", "config", "saved_at",
+    "dat_score",
 }  # fmt: skip
-"""The keys of a state file (format 1): a file written before `TrainingState` has them too."""
+"""The keys of a state file (format 1): a file written before `TrainingState` has them too
+(but ``dat_score``, added later: `TrainingState.load` infers it for older files)."""
 
 
 def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
@@ -128,6 +130,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
         worker_normalizers={0: {"kind": "frames", "num_steps": 7}, 1: {"kind": "frames"}},
         test_normalizer={"kind": "frames", "num_steps": 3},
         tensorboard_dir="logs/runs/Pong_1", config={"env": "Pong", "lr": 1e-4}, saved_at=5.0,
+        dat_score=-20.0,
     )  # fmt: skip
     path = tmp_path / "Pong_state.pt"
     state.save(path)
@@ -143,7 +146,8 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
     assert torch.equal(loaded.model["w"], state.model["w"])
     assert loaded.worker_normalizers == state.worker_normalizers  # ranks are ints again
     for name in ("steps", "frames", "elapsed", "skipped_updates", "test_rewards",
-                 "test_normalizer", "tensorboard_dir", "config", "saved_at"):  # fmt: skip
+                 "test_normalizer", "tensorboard_dir", "config", "saved_at",
+                 "dat_score"):  # fmt: skip
         assert getattr(loaded, name) == getattr(state, name), name
 
 
@@ -153,6 +157,13 @@ def test_a_state_without_counters_loads_with_zeros(tmp_path):
     state = TrainingState.load(path)
     assert (state.steps, state.skipped_updates, state.test_rewards) == (0, 0, [])
     assert state.worker_normalizers == {} and state.test_normalizer is None
+    assert state.dat_score is None
+    # A file from before dat_score: a --save-max run's .dat held its best game's weights.
+    older = {"format": 1, "model": {"w": torch.ones(1)}, "test_rewards": [-3.0, 7.0, 1.0]}
+    torch.save({**older, "config": {"save_max": True}}, path)
+    assert TrainingState.load(path).dat_score == 7.0
+    torch.save({**older, "config": {"save_max": False}}, path)
+    assert TrainingState.load(path).dat_score is None
 
 
 def test_a_file_that_is_not_a_state_is_refused(tmp_path):

@@ -71,6 +71,12 @@ from utils import UsageError
             ["--env", "CartPole-v1", "--repeat-action-probability", "0"],
             "applies to ALE games only",
         ),
+        (
+            ["--env", "ALE/Pong-v5", "--skip-rate", "2"],
+            "--skip-rate 2 applies to NoFrameskip ids only and ALE/Pong-v5 skips frames itself "
+            "(frameskip 4); drop --skip-rate",
+        ),
+        (["--env", "CartPole-v1", "-sk", "3"], "CartPole-v1 is not an ALE game; drop --skip-rate"),
         (["--gpu-ids", "0"], "CUDA is not available"),
         (["--optimizer", "RMSprop", "-a"], "--amsgrad is a variant of Adam and --optimizer is"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
@@ -316,6 +322,9 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
         f"gym_eval.py: error: --model {str(tmp_path / 'nope.dat')!r} not found; give the path "
         "of a .dat file"
     )
+    folder = script_here("gym_eval.py", "--model", str(tmp_path))
+    assert folder.returncode == 2
+    assert f"--model {str(tmp_path)!r} is a folder; give the path of a .dat" in folder.stderr
 
 
 @pytest.mark.slow

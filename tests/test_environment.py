@@ -510,6 +510,13 @@ def test_malformed_config_is_rejected_with_the_reason(tmp_path, text, message):
         read_config(path)
 
 
+def test_a_config_that_is_not_text_is_one_line(tmp_path):
+    path = tmp_path / "Pong.dat"
+    path.write_bytes(b"PK\x03\x04\x80\xff")  # a checkpoint given as --env-config
+    with pytest.raises(UsageError, match=r"Pong\.dat' is not a text file; pass --env-config"):
+        read_config(path)
+
+
 def test_missing_config_names_the_path_and_the_flag(tmp_path):
     with pytest.raises(UsageError, match=r"nope\.json' not found; pass --env-config"):
         read_config(tmp_path / "nope.json")

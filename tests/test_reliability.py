@@ -186,9 +186,10 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
         _, worker_args = launcher.process_target(Child(0), launcher.ctx)
         assert worker_args[-1] == saved["normalizers"]["0"]
         _, test_args = launcher.process_target(Child(None), launcher.ctx)
-        rewards, normalizer = test_args[-2:]
+        rewards, normalizer, dat_score = test_args[-3:]
         assert len(rewards) == saved["test"]["games"]
         assert normalizer == saved["normalizers"]["test"]
+        assert dat_score is None is saved["dat_score"]  # its final weights: no game's
     finally:
         if launcher.monitor.writer is not None:
             launcher.monitor.writer.close()
@@ -281,6 +282,8 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
     assert training_record(str(tmp_path), Path("Game_last.dat"))["frames"] == 100
     (tmp_path / "List_run.json").write_text("[1, 2]")
     assert training_record(str(tmp_path), Path("List.dat")) is None
+    (tmp_path / "Binary_run.json").write_bytes(b"PK\x03\x04\x80\xff")  # not even text
+    assert training_record(str(tmp_path), Path("Binary.dat")) is None
     # A record of the wrong shape is left out with a warning: it never stops an evaluation.
     log = logging.getLogger("test.training_record")
     wrong_shapes = (
@@ -446,6 +449,13 @@ def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, m
     monkeypatch.setattr(main, "prepare", interrupted)
     code, err = main_here([*PONG_SMALL, *folders(tmp_path)], monkeypatch, capsys)
     assert (code, err) == (130, "main.py: stopped before training started\n")
+
+
+def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tmp_path):
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher.stop_reason = "--max-steps 100 reached"  # its files are being saved
+    launcher._on_signal(signal.SIGINT, None)
+    assert launcher.ctx.stopping() and launcher.stop_reason == "--max-steps 100 reached"
 
 
 def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
@@ -763,18 +773,53 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
 def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path):
     """A resume takes the score to beat from the state: it must not lag the best .dat."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
-    game = {"reward": -20.0, "length": 100, "ending": "game over", "steps": 10, "frames": 40}
+    game = {
+        "reward": -20.0, "length": 100, "ending": "game over", "steps": 10, "frames": 40,
+        "saved": True,
+    }  # fmt: skip
+    assert not launcher.state_due()
+    launcher.monitor.take("test", {**game, "saved": False})  # its save failed
     assert not launcher.state_due()
     launcher.monitor.take("test", game)
     assert launcher.state_due()
     assert launcher.save_state() and not launcher.state_due()
-    launcher.monitor.take("test", {**game, "reward": -20.0})  # a tie is no new best
+    launcher.monitor.take("test", game)  # a tie: the file changes, its score does not
     assert not launcher.state_due()
-    assert TrainingState.read_file(launcher.paths.state)["test_rewards"] == [-20.0]
+    assert TrainingState.read_file(launcher.paths.state)["dat_score"] == -20.0
 
     plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "plain")]))
     plain.monitor.take("test", game)
     assert not plain.state_due()  # every --state-interval only
+
+
+def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_path, caplog):
+    """The score a game must match is that of the weights in <env>.dat, where it is known."""
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    load = ["--load", "--load-model-dir", str(tmp_path / "models"), "--save-max"]
+    game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 1, "frames": 4}
+    # A run without --save-max: its best game is not what its last .dat holds.
+    plain = prepare(parse_train_args(flags))
+    plain.monitor.take("test", {**game, "saved": True})
+    plain.monitor.take("test", {**game, "reward": -3.0, "saved": True})
+    plain.shutdown()  # the final weights, no game's, go to <env>.dat
+    assert TrainingState.load(plain.paths.state).dat_score is None
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        resumed = prepare(parse_train_args([*flags, *load]))
+    assert "its run saved it without --save-max" in caplog.text
+    assert resumed.monitor.best == 5.0 and resumed.monitor.dat_score is None
+    assert resumed.process_target(Child(None), resumed.ctx)[1][-1] is None  # the test's bar
+    # A --save-max run: its state keeps the score of the file, not the run's best game.
+    resumed.monitor.take("test", {**game, "reward": -1.0, "saved": True})
+    resumed.monitor.take("test", {**game, "reward": -2.0, "saved": False})
+    resumed.shutdown()
+    again = prepare(parse_train_args([*flags, *load]))
+    assert again.monitor.dat_score == -1.0 and again.monitor.best == 5.0
+    assert again.process_target(Child(None), again.ctx)[1][-1] == -1.0
+    # Loaded from that folder into another, whose .dat is not the one the score was of.
+    elsewhere = prepare(
+        parse_train_args([*PONG_SMALL, *folders(tmp_path / "new"), *load])
+    )  # fmt: skip
+    assert elsewhere.monitor.dat_score is None
 
 
 # -- bad input, through the CLI: one line, exit 2, nothing overwritten -----------------------------

@@ -346,6 +346,8 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
     (tmp_path / "models").mkdir()
     model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     torch.save(model.state_dict(), tmp_path / "models" / "PongNoFrameskip-v4.dat")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "PongNoFrameskip-v4.gif").write_bytes(b"an earlier demo")
     result = subprocess.run(
         [sys.executable, "gym_eval.py", "--num-episodes", "2", "--hidden-size", "32",
          "--max-episode-length", "40", "--demo", "--demo-dir", str(tmp_path / "demo"),
@@ -353,8 +355,10 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
+    gif_path = tmp_path / "demo" / "PongNoFrameskip-v4.gif"
+    assert f"--demo will write over {gif_path}; another --demo-dir keeps them" in result.stderr
     summary = json.loads((tmp_path / "logs" / "PongNoFrameskip-v4_eval.json").read_text())
-    with Image.open(tmp_path / "demo" / "PongNoFrameskip-v4.gif") as gif:
+    with Image.open(gif_path) as gif:
         # One frame per agent step of the first game, shown 1/15 s each. Pillow merges
         # identical neighbours (Pong's screen stands still between points) and adds up their
         # durations, which GIF keeps in whole centiseconds: so the count may fall short of the
@@ -482,6 +486,7 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     cells = results_table([path]).splitlines()[2].split(" | ")
     assert cells[1:3] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
     assert cells[5] == "?"  # a record without hardware
+    assert cells[9] == "`?` |"  # ... and without a command
     assert cells[8] == "37 (interrupted)"
     # --stall-steps changes scores, so a row says it; a summary with a value of the wrong
     # type is one line, not a traceback.
@@ -499,6 +504,7 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     [
         (["table", "{run}"], "'{run}' is not a gym_eval.py summary; pass <log-dir><env>_eval.json"),
         (["table", "{list}"], "'{list}' is not a gym_eval.py summary"),
+        (["table", "{binary}"], "cannot read eval summary '{binary}': 'utf-8' codec can't"),
         (["curve", "{dir}"], "cannot read log '{dir}' (Is a directory); pass a <log-dir><env>_log"),
         (["curve", "{log}", "--out", "{file}/c.png"],
          "cannot write '{file}/c.png' (File exists); choose a folder you can write"),
@@ -513,8 +519,9 @@ def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
 
     names = {
         "run": tmp_path / "run.json", "list": tmp_path / "list.json", "dir": tmp_path,
-        "log": tmp_path / "x_log", "file": tmp_path / "a_file",
+        "log": tmp_path / "x_log", "file": tmp_path / "a_file", "binary": tmp_path / "x.dat",
     }  # fmt: skip
+    names["binary"].write_bytes(b"PK\x03\x04\x80\xff")  # a .dat (a zip) given as a summary
     names["run"].write_text(json.dumps({"config": {}, "finished": {}}))
     names["list"].write_text("[1, 2]")
     names["log"].write_text(_game(40, 3.0, 1000))
