@@ -21,6 +21,7 @@ Ray is imported only here, and only when ``--ray-address`` is given.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -1261,4 +1262,7 @@ def run_cluster(config: TrainConfig) -> int:
             launcher.before_shutdown = cluster.stop
             return launcher.run()
     finally:
-        ray.shutdown()
+        # A Ctrl-C while Ray shuts down (the run's handlers are gone) must not hide the run's
+        # exit code behind a KeyboardInterrupt; Ray's own exit handler finishes the job.
+        with contextlib.suppress(KeyboardInterrupt):
+            ray.shutdown()

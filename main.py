@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -246,6 +247,10 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         if config.load
         else None
     )
+    if resumed is not None and not (
+        paths.model.exists() and same_file(paths.model, paths.load_model)
+    ):  # the state's score of <env>.dat was of the file it loaded, not of this folder's
+        resumed = dataclasses.replace(resumed, dat_score=None)
     shared_model.share_memory()
     if optimizer is not None:
         optimizer.share_memory()
@@ -264,9 +269,14 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         and paths.model.exists()
         and (resumed is None or resumed.dat_score is None)
     ):
-        # Weights alone carry no test games, and a run without --save-max ends with weights
-        # no game has scored: the best to beat starts at nothing.
-        why = "no training state" if resumed is None else "its run saved it without --save-max"
+        # Weights alone carry no test games, and a run without --save-max keeps no score of
+        # its file: the best to beat starts at nothing.
+        if resumed is None:
+            why = "no training state"
+        elif not resumed.config.get("save_max"):
+            why = "its run saved it without --save-max"
+        else:
+            why = "the training state does not record it"
         log.warning(
             f"--save-max: the score behind {paths.model} is not known ({why}), so the first "
             "test game's weights replace it; copy it elsewhere to keep it"
@@ -413,9 +423,9 @@ class Launcher:
         )
         if resumed is not None:
             self.monitor.restore(resumed)
-            if not (paths.model.exists() and same_file(paths.model, paths.load_model)):
-                self.monitor.dat_score = None  # the state's score was of another folder's file
-        self.state_dat_score = self.monitor.dat_score  # what the state file says of <env>.dat
+        # The score of <env>.dat the last state save wrote (or tried to: a failed one waits
+        # for the next --state-interval, not the next poll).
+        self.state_dat_score = self.monitor.dat_score
 
     def drain_reports(self, child: Child | None = None) -> None:
         """Take the reports that have arrived (all, or `child`'s): errors kept, others monitored."""
@@ -441,7 +451,9 @@ class Launcher:
             tensorboard_dir=self.tensorboard_dir,
             config=as_dict(self.config),
             saved_at=time.time(),
-            dat_score=self.monitor.dat_score,
+            # Without --save-max every game replaces <env>.dat: a score saved here would be
+            # stale by the next game, and a resume with --save-max would trust it.
+            dat_score=self.monitor.dat_score if self.config.save_max else None,
         )
 
     def save_state(self) -> bool:
@@ -451,6 +463,7 @@ class Launcher:
             Whether it was written.
         """
         state = self.training_state()
+        self.state_dat_score = state.dat_score
         try:
             state.save(self.paths.state)
         except OSError as err:
@@ -459,7 +472,6 @@ class Launcher:
                 "the previous file is kept"
             )
             return False
-        self.state_dat_score = state.dat_score
         return True
 
     def state_due(self) -> bool:
@@ -597,9 +609,6 @@ class Launcher:
                 f"could not save {self.paths.final_model} ({err}); the previous file is kept"
             )
             self.final_saved = False
-        else:
-            if self.paths.final_model == self.paths.model:  # weights no test game has scored
-                self.monitor.dat_score = None
         self.state_saved = self.save_state()
 
     def stop_children(self) -> None:
@@ -702,7 +711,7 @@ class Launcher:
                 f"each run slower; --workers {cores} is usually faster"
             )
         try:
-            if not self.ctx.stopping():  # a signal while the record was written: none to start
+            if not self.ctx.stopping():  # a cluster's nodes started, then a signal: none here
                 self.start()
             where = describe_devices(self.config.gpu_ids)
             self.log.info(

@@ -459,8 +459,10 @@ def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tm
 
 
 def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
-    """The handlers are set from the run's first moment: a Ctrl-C while the run record is
-    written (or a cluster's nodes start) is a clean stop, not a KeyboardInterrupt."""
+    """Inside `Launcher.run` the handlers are set from its first moment: a Ctrl-C while the
+    run record is written there (a cluster's driver writes it inside them, then starts the
+    nodes) is a clean stop, not a KeyboardInterrupt. main.py writes it before `run`: a Ctrl-C
+    then is `test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130`'s."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     open_record = launcher.monitor.open
 
@@ -770,7 +772,7 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
     assert saved == [3.0, 4.0, 4.0]
 
 
-def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path):
+def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path, monkeypatch):
     """A resume takes the score to beat from the state: it must not lag the best .dat."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
     game = {
@@ -786,6 +788,12 @@ def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path):
     launcher.monitor.take("test", game)  # a tie: the file changes, its score does not
     assert not launcher.state_due()
     assert TrainingState.read_file(launcher.paths.state)["dat_score"] == -20.0
+    # A state save that fails (a full disk) is tried again at the next --state-interval,
+    # not at every poll.
+    monkeypatch.setattr(TrainingState, "save", lambda *_: (_ for _ in ()).throw(OSError(28, "")))
+    launcher.monitor.take("test", {**game, "reward": -19.0})
+    assert launcher.state_due() and not launcher.save_state()
+    assert not launcher.state_due()
 
     plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "plain")]))
     plain.monitor.take("test", game)
