@@ -720,6 +720,10 @@ class Launcher:
                 + f" on {where}; Ctrl-C stops and saves"
             )
             self.supervise()
+        except Exception as err:  # a bug, or an engine's error (Ray's): saved and recorded still
+            self.log.exception(f"the launcher failed: {type(err).__name__}: {err}; stopping")
+            self.failed = True
+            self.stop_reason = f"the launcher failed: {type(err).__name__}: {err}"
         finally:
             self.shutdown()
         # A final save that failed lost data: scripts must see it, though nothing crashed.

@@ -458,6 +458,25 @@ def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tm
     assert launcher.ctx.stopping() and launcher.stop_reason == "--max-steps 100 reached"
 
 
+def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_path):
+    """An unexpected error while supervising (a bug, Ray's engine) is its traceback in the log
+    and exit 1, with the files saved and the run record finished: not a record left open."""
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+
+    def broken() -> None:
+        raise RuntimeError("the GCS hiccuped")
+
+    launcher.on_poll = broken
+    assert launcher.run() == 1
+    record = json.loads(launcher.paths.record.read_text())
+    assert record["finished"]["exit_code"] == 1
+    assert (
+        record["finished"]["stop_reason"] == "the launcher failed: RuntimeError: the GCS hiccuped"
+    )
+    assert (tmp_path / "models" / f"{PONG}.dat").exists()
+    assert all(proc.exitcode is not None for proc in launcher.processes.values())
+
+
 def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
     """Inside `Launcher.run` the handlers are set from its first moment: a Ctrl-C while the
     run record is written there (a cluster's driver writes it inside them, then starts the
