@@ -73,7 +73,8 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
     original A3G's (which lack steps, frames and a run id).
 
     Raises:
-        UsageError: the file does not exist or cannot be read (a folder, say).
+        UsageError: the file does not exist or cannot be read (a folder, say), or holds no
+            line of a training log (a checkpoint or run record given instead).
     """
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
@@ -115,6 +116,11 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
                 steps=int(g["steps"]) if g["steps"] else None,
                 frames=int(g["frames"]) if g["frames"] else None,
             )
+        )
+    if lines and block is None and run is None and not games:  # not one line of a log
+        raise UsageError(
+            f"{str(path)!r} is not a training log (no argument block, no test game); pass a "
+            "<log-dir><env>_log file"
         )
     return games
 
