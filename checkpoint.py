@@ -267,9 +267,10 @@ class TrainingState:
         tensorboard_dir: the run's TensorBoard folder (a resumed run writes on in it).
         config: the configuration of the run that saved it.
         saved_at: when it was saved (``time.time()``).
-        dat_score: the test-game score of the weights in ``<env>.dat`` then (None: not known,
-            as after the shutdown save of a run without ``--save-max``); what a resumed
-            ``--save-max`` run's games must match to replace that file.
+        dat_score: the test-game score of the weights in ``<env>.dat`` then, what a resumed
+            ``--save-max`` run's games must match to replace that file (None: not known; a
+            run without ``--save-max`` replaces the file every game and at shutdown, so it
+            records none).
     """
 
     model: dict[str, torch.Tensor]
