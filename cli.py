@@ -197,8 +197,8 @@ class TrainConfig(CommonConfig):
         help="constant: --lr throughout (the original); linear: fall in a straight line from "
         "--lr to 0 at --max-steps (the A3C paper's annealing; needs --max-steps)",
     )
-    ray_address: str = flag(
-        "",
+    ray_address: str | None = flag(
+        None,
         help="train on a Ray cluster: auto or host:port joins a running one, local starts one "
         "here; --workers, --envs-per-worker and --gpu-ids then mean per node (default: this "
         "machine alone, without Ray)",
@@ -481,6 +481,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     if not (math.isfinite(config.sync_interval) and config.sync_interval > 0):
         raise UsageError(
             f"--sync-interval must be a positive number of seconds, got {config.sync_interval}"
+        )
+    if config.ray_address == "":  # "$RAY_ADDRESS" unset, say: not a run on this machine
+        raise UsageError(
+            "--ray-address is empty (an unset variable?); pass auto, local or host:port, or "
+            "drop --ray-address to train on this machine alone"
         )
     if config.ray_address and not ray_address_ok(config.ray_address):
         raise UsageError(

@@ -27,11 +27,12 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from torch import nn
 
 from cli import TrainConfig, host_port
 from environment import make_env
-from utils import UsageError, check_gpus, check_precision
+from utils import UsageError, check_gpus, check_precision, count_of
 
 ROOT = Path(__file__).resolve().parent
 
@@ -920,11 +921,6 @@ def tcp_refusal(host: str, port: int) -> str | None:
     return None
 
 
-def count_nodes(count: int) -> str:
-    """``1 node``, ``2 nodes``."""
-    return f"{count} node{'s' * (count != 1)}"
-
-
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
     """The alive nodes to train on, the head first; `wanted` 0 = all of them.
 
@@ -1010,8 +1006,9 @@ class ClusterRun:
         self.base_steps = ctx.base_steps
         self.base_skipped = ctx.base_skipped
         log.info(
-            f"cluster: {count_nodes(len(self.nodes))} x {config.workers} workers, parameter "
-            f"server on {self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
+            f"cluster: {count_of(len(self.nodes), 'node')} x "
+            f"{count_of(config.workers, 'worker')}, parameter server on "
+            f"{self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
             f"({config.exchange_precision})"
         )
 
@@ -1060,7 +1057,7 @@ class ClusterRun:
             what = f"restarted (start {starts + 1} of at most {MAX_STARTS})" if starts else "joined"
             self.log.warning(
                 f"node {node_id[:12]} ({node['NodeManagerAddress']}) {what}; the run goes on "
-                f"with {count_nodes(len(running))}"
+                f"with {count_of(len(running), 'node')}"
             )
 
     def pull(self) -> tuple[int, float]:
@@ -1152,7 +1149,7 @@ class ClusterRun:
         if self.launcher.ctx.stopping():
             after = "the run is stopping"
         elif self.runs:
-            after = f"the run goes on with {count_nodes(len(self.runs))}"
+            after = f"the run goes on with {count_of(len(self.runs), 'node')}"
         else:
             after = "no node is training now"
         try:
@@ -1201,8 +1198,10 @@ class ClusterRun:
                     exchanged += 1
         stop_seconds = time.monotonic() - started
         self.log.info(
-            f"cluster: {exchanged} of {stopping} nodes stopped and made their last exchange in "
-            f"{stop_seconds:.1f} s" + (f" ({lost} lost while stopping)" if lost else "")
+            f"cluster: {exchanged} of {count_of(stopping, 'node')} stopped and made their last "
+            f"exchange in {stop_seconds:.1f} s" + (f" ({lost} lost while stopping)" if lost else "")
+            if stopping
+            else "cluster: every node had stopped by itself (its last exchange made)"
         )
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
@@ -1243,16 +1242,44 @@ class ClusterRun:
         }
 
 
+@contextlib.contextmanager
+def signals_noted(ray: Any) -> Iterator[list[int]]:
+    """Inside, SIGINT and SIGTERM are noted in the list yielded, not acted on.
+
+    For Ray's start-up: ``ray.init`` swallows a SIGINT (the run then trained to its end), and
+    answers a SIGTERM with an immediate exit that leaves a local instance's agents running;
+    it is kept from setting that handler here (the run's own take over after).
+    """
+    noted: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        noted.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ray_utils = ray._private.utils
+    set_sigterm_handler = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda _handler: None
+    try:
+        yield noted
+    finally:
+        ray_utils.set_sigterm_handler = set_sigterm_handler
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_cluster(config: TrainConfig) -> int:
     """``main.py --ray-address ...``: the whole run; returns the exit code."""
     from main import prepare
 
     ray = import_ray()
     log = logging.getLogger("a3g.main")
-    connect(ray, config.ray_address)
     try:
-        nodes = pick_nodes(ray, config.nodes)  # before prepare makes any folder
-        launcher = prepare(config, part="test")
+        with signals_noted(ray) as noted:  # until the launcher's own handlers take over
+            connect(ray, config.ray_address)
+            nodes = pick_nodes(ray, config.nodes)  # before prepare makes any folder
+            launcher = prepare(config, part="test")
+        if noted:  # a Ctrl-C or SIGTERM before anything started
+            raise KeyboardInterrupt  # main.py: "stopped before training started", exit 130
         # From the nodes' start: a Ctrl-C then still stops them with their last exchange and
         # saves the weights (`Launcher.run`, which catches them too, sees the stop at once).
         with launcher.signals_caught():

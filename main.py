@@ -42,6 +42,7 @@ from utils import (
     check_gpus,
     check_precision,
     check_writable,
+    count_of,
     format_elapsed,
     sigint_ignored,
 )
@@ -715,7 +716,7 @@ class Launcher:
                 self.start()
             where = describe_devices(self.config.gpu_ids)
             self.log.info(
-                f"training {self.config.env} with {self.config.workers} workers"
+                f"training {self.config.env} with {count_of(self.config.workers, 'worker')}"
                 + (" per node" if self.part == "test" else "")
                 + f" on {where}; Ctrl-C stops and saves"
             )

@@ -77,6 +77,11 @@ def format_elapsed(seconds: float) -> str:
     return f"{hours:02d}h {minutes:02d}m {secs:02d}s"
 
 
+def count_of(count: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``: `count` and `noun`, plural but for 1."""
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
 def require_at_least(flag: str, value: int, minimum: int = 1) -> None:
     """Raise UsageError ``"<flag> must be at least <minimum>, got <value>"`` when too small."""
     if value < minimum:

@@ -117,6 +117,22 @@ def test_ray_inits_runtime_errors_name_what_to_mend():
         cluster.connect(fake_ray, "auto")
 
 
+def test_a_signal_while_ray_starts_is_noted_not_lost_and_rays_exit_handler_kept_out():
+    # ray.init swallows a SIGINT (the run then trained to its end) and sets a SIGTERM handler
+    # that exits at once, leaving a local instance's agents behind.
+    set_by_ray = []
+    utils = SimpleNamespace(set_sigterm_handler=set_by_ray.append)
+    fake_ray = SimpleNamespace(_private=SimpleNamespace(utils=utils))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with cluster.signals_noted(fake_ray) as noted:
+        fake_ray._private.utils.set_sigterm_handler(lambda *_: sys.exit(15))  # as ray.init does
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert noted == [signal.SIGTERM, signal.SIGINT] and set_by_ray == []
+    assert fake_ray._private.utils.set_sigterm_handler == set_by_ray.append  # given back
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 def test_flat_weights_round_trip_in_place():
     model = net(0)
     model.share_memory()
@@ -618,6 +634,7 @@ def test_a_node_replacing_a_lost_one_takes_its_step_sizes_and_new_seeds():
         (["--nodes", "2"], "--nodes 2 needs --ray-address"),
         (["--ray-address", "local", "--sync-interval", "0"], "--sync-interval must be a positive"),
         (["--ray-address", "local", "--nodes", "-1"], "--nodes must be 0 (every node) or more"),
+        (["--ray-address", ""], "--ray-address is empty (an unset variable?); pass auto"),
         (["--ray-address", "host:abc"], "--ray-address 'host:abc' is not an address"),
         (["--ray-address", "head"], "--ray-address 'head' is not an address"),
         (["--ray-address", "host:\u00b2"], "--ray-address 'host:\u00b2' is not an address"),
@@ -818,7 +835,7 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
         "main.py", *flags, "--max-steps", "800", "--exchange-statistics", timeout=240
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "cluster: 2 nodes x 1 workers" in result.stderr
+    assert "cluster: 2 nodes x 1 worker, parameter" in result.stderr
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["config"]["exchange_statistics"] is True
     cluster = record["cluster"]
