@@ -1201,7 +1201,9 @@ class ClusterRun:
             f"cluster: {exchanged} of {count_of(stopping, 'node')} stopped and made their last "
             f"exchange in {stop_seconds:.1f} s" + (f" ({lost} lost while stopping)" if lost else "")
             if stopping
-            else "cluster: every node had stopped by itself (its last exchange made)"
+            else "cluster: every node had stopped by itself"
+            if any(not result["failed"] for result in self.finished.values())
+            else "cluster: no node was running"
         )
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
@@ -1248,12 +1250,15 @@ def signals_noted(ray: Any) -> Iterator[list[int]]:
 
     For Ray's start-up: ``ray.init`` swallows a SIGINT (the run then trained to its end), and
     answers a SIGTERM with an immediate exit that leaves a local instance's agents running;
-    it is kept from setting that handler here (the run's own take over after).
+    it is kept from setting that handler here (the run's own take over after). A second
+    signal raises KeyboardInterrupt: a slow or hung start-up can still be stopped.
     """
     noted: list[int] = []
 
     def note(signum: int, _frame: object) -> None:
         noted.append(signum)
+        if len(noted) > 1:  # pressed again: now, even in a slow or hung start-up
+            raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray_utils = ray._private.utils
@@ -1284,7 +1289,11 @@ def run_cluster(config: TrainConfig) -> int:
         # saves the weights (`Launcher.run`, which catches them too, sees the stop at once).
         with launcher.signals_caught():
             launcher.open_record()  # before any node starts: a failure leaves none to stop
-            cluster = ClusterRun(ray, config, launcher, log, nodes)
+            try:
+                cluster = ClusterRun(ray, config, launcher, log, nodes)
+            except Exception as err:  # the server or a launcher could not be created
+                launcher.monitor.close(f"the cluster could not start: {err}", 1)
+                raise
             launcher.on_poll = cluster.poll
             launcher.before_shutdown = cluster.stop
             return launcher.run()

@@ -174,7 +174,10 @@ def log_changed_settings(
     changed = [
         f"--{key.replace('_', '-')} {saved[key]} -> {value}"
         for key, value in as_dict(config).items()
-        if key not in left_out and key in saved and saved[key] != value
+        if key not in left_out
+        and key in saved
+        and saved[key] != value
+        and not (saved[key] in ("", None) and value in ("", None))  # unset, old and new
     ]
     if changed:
         log.info(f"resume: this sitting changes {', '.join(changed)}")
@@ -595,6 +598,7 @@ class Launcher:
 
     def shutdown(self) -> None:
         """Stop every child, then save the latest weights and the training state."""
+        self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
         if self.part != "workers":  # a cluster node's pool: its driver says it
             self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; the files are saved next")
         if self.before_shutdown is not None:

@@ -40,6 +40,8 @@ ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
 STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
 """The run's steps when a block's process started: a resumed run's games logged past them
 before the block were trained again from an older state (the run was killed between saves)."""
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} : ")
+"""How every line of a training log begins (ours and the original's: ``%(asctime)s : ``)."""
 RUN_ID = re.compile(r" : tensorboard_dir: (?P<run>.+)$")
 """The run's own folder name, in the argument block: a restarted test process and a resumed run
 log the same one, a new run another. The original's logs have none (each block is a new run)."""
@@ -117,10 +119,9 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
                 frames=int(g["frames"]) if g["frames"] else None,
             )
         )
-    if lines and block is None and run is None and not games:  # not one line of a log
+    if any(line.strip() for line in lines) and not any(LOG_LINE.match(line) for line in lines):
         raise UsageError(
-            f"{str(path)!r} is not a training log (no argument block, no test game); pass a "
-            "<log-dir><env>_log file"
+            f"{str(path)!r} is not a training log (no line of one); pass a <log-dir><env>_log file"
         )
     return games
 

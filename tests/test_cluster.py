@@ -127,9 +127,14 @@ def test_a_signal_while_ray_starts_is_noted_not_lost_and_rays_exit_handler_kept_
     with cluster.signals_noted(fake_ray) as noted:
         fake_ray._private.utils.set_sigterm_handler(lambda *_: sys.exit(15))  # as ray.init does
         os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGINT)
-    assert noted == [signal.SIGTERM, signal.SIGINT] and set_by_ray == []
+    assert noted == [signal.SIGTERM] and set_by_ray == []
     assert fake_ray._private.utils.set_sigterm_handler == set_by_ray.append  # given back
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    # Pressed again (a slow or hung start-up): it stops now.
+    with pytest.raises(KeyboardInterrupt), cluster.signals_noted(fake_ray) as noted:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert noted == [signal.SIGINT]
+        os.kill(os.getpid(), signal.SIGINT)
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
@@ -469,6 +474,8 @@ def test_a_server_lost_at_the_final_pull_fails_the_run_and_leaves_the_match_unkn
     def unreachable(*_args, **_kwargs):
         raise RayError("the actor died")
 
+    infos: list[str] = []
+
     run = SimpleNamespace(
         runs={}, actors={}, lost={}, starts={"a": 1},
         finished={"a": {"failed": False, "weights_digest": "d1"}},
@@ -477,11 +484,15 @@ def test_a_server_lost_at_the_final_pull_fails_the_run_and_leaves_the_match_unkn
         server=SimpleNamespace(stats=SimpleNamespace(remote=lambda: None)),
         pull=unreachable, config=SimpleNamespace(sync_interval=5.0),
         launcher=SimpleNamespace(failed=False, monitor=SimpleNamespace(record={})),
-        log=SimpleNamespace(info=lambda _m: None, error=lambda _m: None),
+        log=SimpleNamespace(info=infos.append, error=lambda _m: None),
     )  # fmt: skip
     ClusterRun.stop(run)
     assert run.launcher.failed
     assert run.launcher.monitor.record["cluster"]["finished"]["a"]["matches_server"] is None
+    assert infos[0] == "cluster: every node had stopped by itself"  # at --max-steps
+    run.finished = {"a": {"failed": True}}
+    ClusterRun.stop(run)
+    assert infos[-1] == "cluster: no node was running"  # every node had failed or was lost
 
 
 def test_the_drivers_training_reports_keep_the_normalisers_a_resumed_state_had():

@@ -337,11 +337,11 @@ def test_resume_names_the_settings_it_changes_and_the_lr_a_new_budget_gives(capl
     log = logging.getLogger("a3g.main")
     with caplog.at_level("INFO", logger=log.name):
         config = parse_train_args([*flags, "--max-steps", "20000", "--load", "--gamma", "0.998"])
-        log_changed_settings(saved, config, 9000, log)
+        log_changed_settings({**saved, "ray_address": ""}, config, 9000, log)  # an older state
     assert "resume: this sitting changes --gamma 0.99 -> 0.998, --max-steps 10000 -> 20000" in (
         caplog.text
     )
-    assert "--load" not in caplog.text
+    assert "--load" not in caplog.text and "--ray-address" not in caplog.text
     assert "the lr at step 9,000 is 0.00055; it was 0.0001 when the state was saved" in caplog.text
 
     caplog.clear()
@@ -349,6 +349,9 @@ def test_resume_names_the_settings_it_changes_and_the_lr_a_new_budget_gives(capl
         log_changed_settings(saved, parse_train_args([*flags, "--max-steps", "10000"]), 9000, log)
         log_changed_settings({"env": saved["env"]}, config, 9000, log)  # an older state's config
     assert caplog.text == ""
+    with caplog.at_level("INFO", logger=log.name):  # a list, changed: said, not a TypeError
+        log_changed_settings({**saved, "gpu_ids": [0, 1]}, config, 9000, log)
+    assert "--gpu-ids [0, 1] -> [-1]" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -505,7 +505,7 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
         (["table", "{run}"], "'{run}' is not a gym_eval.py summary; pass <log-dir><env>_eval.json"),
         (["table", "{list}"], "'{list}' is not a gym_eval.py summary"),
         (["table", "{binary}"], "cannot read eval summary '{binary}': 'utf-8' codec can't"),
-        (["curve", "{binary}"], "'{binary}' is not a training log (no argument block, no"),
+        (["curve", "{binary}"], "'{binary}' is not a training log (no line of one); pass"),
         (["milestone", "{run}", "--reward", "1"], "'{run}' is not a training log"),
         (["curve", "{dir}"], "cannot read log '{dir}' (Is a directory); pass a <log-dir><env>_log"),
         (["curve", "{log}", "--out", "{file}/c.png"],
