@@ -251,9 +251,9 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         if config.load
         else None
     )
-    if resumed is not None and not (
-        paths.model.exists() and same_file(paths.model, paths.load_model)
-    ):  # the state's score of <env>.dat was of the file it loaded, not of this folder's
+    loads_own_model = paths.model.exists() and same_file(paths.model, paths.load_model)
+    if resumed is not None and not loads_own_model:
+        # the state's score of <env>.dat was of the file it loaded, not of this folder's
         resumed = dataclasses.replace(resumed, dat_score=None)
     shared_model.share_memory()
     if optimizer is not None:
@@ -262,7 +262,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
     check_writable(config.save_model_dir, "--save-model-dir")
     check_writable(config.log_dir, "--log-dir")
-    if paths.model.exists() and not (config.load and same_file(paths.model, paths.load_model)):
+    if paths.model.exists() and not (config.load and loads_own_model):
         log.warning(
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "
             f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"
@@ -394,7 +394,6 @@ class Launcher:
         self.failed = False
         self.final_saved = True
         self.state_saved = True
-        self.record_opened = False
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
         self.ctx = ProcessContext.create(
@@ -691,7 +690,7 @@ class Launcher:
             UsageError: they cannot be written (a full disk): nothing has started, and the
                 record of the sittings before is as it was.
         """
-        if self.record_opened:
+        if self.monitor.record:
             return
         try:
             self.monitor.open(
@@ -705,7 +704,6 @@ class Launcher:
                 f"cannot start the run record {self.paths.record} or TensorBoard under "
                 f"{self.config.log_dir} ({err}); free space there or pick another --log-dir"
             ) from None
-        self.record_opened = True
 
     def _run(self) -> int:
         self.open_record()

@@ -199,7 +199,7 @@ class RunMonitor:
             hx, cx = self.model.initial_state(1)
             dummy = torch.zeros(1, *self.observation_shape)
             self.writer.add_graph(self.model, (dummy, hx, cx))
-        self.record = {
+        record: dict[str, Any] = {
             "env": self.config.env,
             "command": shlex.join(["python", *sys.argv]),
             "config": {**as_dict(self.config), "tensorboard_dir": self.tensorboard_dir},
@@ -215,17 +215,18 @@ class RunMonitor:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         if resumed_from is not None:
-            self.record["resumed_from"] = resumed_from
+            record["resumed_from"] = resumed_from
         elif weights_from is not None:
-            self.record["loaded_weights_from"] = weights_from
+            record["loaded_weights_from"] = weights_from
         if (resumed_from is not None or weights_from is not None) and Path(
             self.record_path
         ).exists():
             previous = self._earlier_record()
             if previous is not None:
                 history = previous.pop("previous_runs", None) or []
-                self.record["previous_runs"] = [*history, previous]
-        write_json_atomic(self.record, self.record_path)
+                record["previous_runs"] = [*history, previous]
+        write_json_atomic(record, self.record_path)
+        self.record = record  # only once written: `Launcher.open_record` reads it so
 
     def _earlier_record(self) -> dict[str, Any] | None:
         """The record of the sittings so far, or None (said, and the file kept aside) if unfit."""

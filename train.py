@@ -154,6 +154,7 @@ class TrainStats:
         device = next(model.parameters()).device
         self.layer_index = torch.tensor([self.layers.index(n) for n in names], device=device)
         self.device = device
+        self._none = torch.zeros((), device=device)  # the norm of a parameter with no grad
         self._reset()
 
     def _reset(self) -> None:
@@ -171,10 +172,9 @@ class TrainStats:
 
         As norms squared: ``grad.pow(2)`` made a copy of every gradient (3x the time).
         """
-        zero = torch.zeros((), device=self.device)
         return torch.stack(
             [
-                zero if p.grad is None else torch.linalg.vector_norm(p.grad)
+                self._none if p.grad is None else torch.linalg.vector_norm(p.grad)
                 for p in model.parameters()
             ]
         ).square()
