@@ -377,6 +377,7 @@ class EpisodicLifeEnv(gym.Wrapper):
         super().__init__(env)
         self.lives = 0
         self.was_real_done = True
+        self.games = 0  # real resets so far: a lost life's reset that started a new game shows
 
     def step(self, action: Any) -> StepResult:
         """Step, ending the episode early when a life is lost."""
@@ -394,10 +395,12 @@ class EpisodicLifeEnv(gym.Wrapper):
         """Reset the game after a real game over; after a lost life just step a no-op."""
         if self.was_real_done:
             obs, info = self.env.reset(**kwargs)
+            self.games += 1
         else:
             obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
+            if terminated or truncated:  # the time limit fell on the no-op: a new game
                 obs, info = self.env.reset(**kwargs)
+                self.games += 1
         self.was_real_done = False
         self.lives = self.unwrapped.ale.lives()
         return obs, info

@@ -596,7 +596,11 @@ class GreedyPlayer:
                 if was_real_done(self.env):
                     ending = GAME_OVER if terminated and not truncated else TIME_LIMIT
                     return GameResult(reward, length, ending, since_reward)
-                obs, _ = self.env.reset()  # a lost life: the same game goes on
+                life = find_wrapper(self.env, EpisodicLifeEnv)  # only it ends a life so
+                games = life.games
+                obs, _ = self.env.reset()  # a lost life: the same game goes on,
+                if life.games != games:  # unless the time limit fell in its no-op or FIRE
+                    return GameResult(reward, length, TIME_LIMIT, since_reward)
                 state = self._state(obs)
                 hx, cx = self.model.initial_state(1, self.device)
             if stall_steps and since_reward >= stall_steps:

@@ -238,6 +238,30 @@ def test_a_lost_life_goes_on_with_the_same_game_and_fire_relaunches_the_ball(con
     assert sorted(set(lives_seen), reverse=True) == [5, 4, 3, 2, 1, 0]
 
 
+def test_a_time_limit_in_a_lost_lifes_reset_ends_the_game_there(config):
+    """The reset after a lost life steps the game (a no-op, FIRE): a time limit there starts a
+    new game, which must end the one being scored, not be added to it."""
+    from player_util import TIME_LIMIT, GreedyPlayer
+
+    model = random_model(breakout(config))
+    cut_in_reset = 0
+    for cap in range(29, 35):  # around the first lost life (its reset takes steps 31-33 here)
+        env = breakout(config, max_episode_length=cap)
+        resets = []
+        real_reset = env.unwrapped.reset
+
+        def counted(*, seed=None, options=None, real_reset=real_reset, resets=resets):
+            resets.append(seed)
+            return real_reset(seed=seed, options=options)
+
+        env.unwrapped.reset = counted
+        game = GreedyPlayer(model, env).play_game(seed=0)
+        assert game.ending == TIME_LIMIT and game.length <= cap, (cap, game)
+        cut_in_reset += len(resets) > 1  # the emulator started a second game: the case met
+        env.close()
+    assert cut_in_reset >= 1
+
+
 def test_sampling_draws_as_softmax_does_and_refuses_a_nan_row():
     from player_util import NonFiniteError, sample_actions
 
