@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import logging
 import subprocess
 import sys
 import time
@@ -102,10 +103,18 @@ def main_here(flags: list[str], monkeypatch, capsys, through_cli: bool = False) 
         result = run_cli("main.py", *flags, timeout=120)
         return result.returncode, result.stderr
     monkeypatch.setattr(sys, "argv", ["main.py"])  # argparse's errors name sys.argv[0]
+    # pytest's own handlers on the root logger would keep main's logging.basicConfig from
+    # sending log lines (a warning before a refusal) to stderr, as `python main.py` does.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
     try:
         code = main.main(flags)
     except SystemExit as stop:
         code = stop.code
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return code, capsys.readouterr().err
 
 

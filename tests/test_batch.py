@@ -27,7 +27,7 @@ from tests.conftest import (
     requires_bf16_cpu,
     requires_bf16_cuda,
 )
-from tests.test_train import loss_rollout, worker_losses
+from tests.test_train import every_parameter_changed, loss_rollout, worker_losses
 from train import a3c_loss
 from utils import UsageError, check_precision
 
@@ -360,9 +360,10 @@ def test_k_envs_bf16_worker_on_gpu():
         env="PongNoFrameskip-v4", hidden_size=32, num_steps=5, envs_per_worker=4, gpu_ids=[0],
         precision="bf16", env_config=str(ROOT / "config.json"),
     )  # fmt: skip
-    losses, shared = worker_losses(args, updates=2, device="cuda")
+    losses, shared = worker_losses(args, updates=2)
     assert losses and all(math.isfinite(x) for x in losses)
     assert all(p.device.type == "cpu" for p in shared.parameters())
+    assert every_parameter_changed(shared, args)  # the gradients came back from the GPU
 
 
 def test_conv_backward_in_chunks_gives_the_one_batch_gradients(monkeypatch):

@@ -32,8 +32,15 @@ def test_save_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
         def __reduce__(self):
             raise TypeError("cannot pickle this")
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError):  # fails before any file is opened
         save_atomic({"w": Unpicklable()}, path)
+
+    def disk_fills(f):  # fails half-way through the temporary file
+        f.write(b"PK" + bytes(1000))
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(path, disk_fills)
     assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["Pong.dat"]  # no temporary file left
 

@@ -59,6 +59,7 @@ from utils import UsageError
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
         (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
         (["--test-niceness", "20"], "--test-niceness must be in 0..19, got 20"),
+        (["--stall-steps", "-1"], "--stall-steps must be 0 (off) or more, got -1"),
         (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
         (["--max-episode-length", "600000000"], "give --max-episode-length 536870911 or less"),
         (["--lr-schedule", "linear"], "falls to 0 at --max-steps, which is 0 (no limit); give"),
@@ -92,7 +93,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], stderr
     assert lines[0].startswith("main.py: error: ")
-    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+    assert not list(tmp_path.iterdir())  # no folder made: models/ and logs/ come after
 
 
 def test_unknown_optimizer_is_rejected_by_argparse_in_one_line(tmp_path, monkeypatch, capsys):
@@ -629,6 +630,8 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
     assert stopping < stderr.index("stopped: SIG")
     assert wait_group_gone(proc.pid) == []
     load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+    # and the training state at the stop: --load goes on from the steps trained
+    assert TrainingState.load(tmp_path / "models" / f"{PONG}_state.pt").steps > 0
     assert not list((tmp_path / "models").glob(".*.tmp"))  # no half-written file left
 
 

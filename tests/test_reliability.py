@@ -420,6 +420,8 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     for more, message in (
         (["--max-steps", "1500"], "is at step 1,500, at or past --max-steps 1500: give a larger"),
         (["--skip-rate", "2"], "was saved with --skip-rate 4, this run has 2: resume with the"),
+        (["--amsgrad"], "was saved with --amsgrad False, this run has True: resume with the"),
+        (["--optimizer", "RMSprop"], "was saved with --optimizer Adam, this run has RMSprop"),
     ):
         code, err = main_here([*load, *more], monkeypatch, capsys)
         assert code == 2 and err.startswith(f"main.py: error: training state '{state}' "), err
@@ -461,7 +463,7 @@ def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tm
     assert launcher.ctx.stopping() and launcher.stop_reason == "--max-steps 100 reached"
 
 
-def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_path):
+def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_path, caplog):
     """An unexpected error while supervising (a bug, Ray's engine) is its traceback in the log
     and exit 1, with the files saved and the run record finished: not a record left open."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
@@ -470,14 +472,45 @@ def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_pat
         raise RuntimeError("the GCS hiccuped")
 
     launcher.on_poll = broken
-    assert launcher.run() == 1
+    with caplog.at_level("INFO", logger="a3g.main"):
+        assert launcher.run() == 1
+    assert "Traceback" in caplog.text and 'raise RuntimeError("the GCS hiccuped")' in caplog.text
     record = json.loads(launcher.paths.record.read_text())
     assert record["finished"]["exit_code"] == 1
     assert (
         record["finished"]["stop_reason"] == "the launcher failed: RuntimeError: the GCS hiccuped"
     )
     assert (tmp_path / "models" / f"{PONG}.dat").exists()
+    assert (tmp_path / "models" / f"{PONG}_state.pt").exists()
     assert all(proc.exitcode is not None for proc in launcher.processes.values())
+
+
+def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_path, caplog):
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher.open_record()
+    launcher.ctx.skipped[0] = 2  # as two workers' non-finite updates would count them
+    with caplog.at_level("INFO", logger="a3g.main"):
+        launcher.monitor.tick(force=True)
+    assert "| 2 non-finite updates skipped" in caplog.text
+    launcher.monitor.close("done", 0)
+    record = json.loads(launcher.paths.record.read_text())
+    assert record["finished"]["skipped_updates"] == 2
+
+
+def test_a_run_record_that_cannot_be_completed_is_said_and_exit_1(tmp_path, caplog):
+    """The weights and state are saved, but a record without its end is lost data: exit 1."""
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher.on_poll = launcher.ctx.request_stop  # at its first look: stop
+
+    def disk_full(*_args):
+        raise OSError(28, "No space left on device")
+
+    launcher.monitor.close = disk_full
+    with caplog.at_level("INFO", logger="a3g.main"):
+        assert launcher.run() == 1
+    assert f"could not complete the run record {launcher.paths.record} (" in caplog.text
+    assert "finished" not in json.loads(launcher.paths.record.read_text())
+    assert (tmp_path / "models" / f"{PONG}.dat").exists()
 
 
 def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
@@ -998,7 +1031,9 @@ def test_a_resumed_run_drops_tensorboard_events_past_the_frames_it_resumes_at(
     assert [m["purge_step"] for m in made] == [6000, None]
 
 
-def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp_path):
+def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(
+    tmp_path, monkeypatch, capsys
+):
     models = tmp_path / "models"
     models.mkdir()
     state = models / f"{PONG}_state.pt"
@@ -1015,6 +1050,10 @@ def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(tmp
         f"write over; add --load --load-model-dir {models} to continue that run, or give "
         "--save-model-dir another folder (or delete the file) to start afresh"
     )
+    # --load-model-dir already names the folder: only --load is missing.
+    flags = ["--env", PONG, *folders(tmp_path), "--load-model-dir", str(models)]
+    code, err = main_here(flags, monkeypatch, capsys)
+    assert code == 2 and "which this run would write over; add --load to continue" in err, err
     assert state.read_bytes() == b"a long run's state"
     assert (models / f"{PONG}.dat").read_bytes() == b"its weights"
     assert not (tmp_path / "logs").exists()  # nor a folder made

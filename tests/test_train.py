@@ -159,9 +159,8 @@ def shared_cartpole_model() -> torch.nn.Module:
     )
 
 
-def worker_losses(args, updates: int, device: str = "cpu") -> tuple[list[float], torch.nn.Module]:
-    torch.manual_seed(args.seed)
-    shared = shared_model_for(args)
+def worker_losses(args, updates: int) -> tuple[list[float], torch.nn.Module]:
+    shared = untouched_model(args)
     optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
     optimizer.share_memory()
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=updates * args.num_steps)
@@ -171,6 +170,18 @@ def worker_losses(args, updates: int, device: str = "cpu") -> tuple[list[float],
         on_update=lambda terms: losses.append(terms.total.item()),
     )  # fmt: skip
     return losses, shared
+
+
+def untouched_model(args) -> torch.nn.Module:
+    """The shared model `worker_losses` starts from (the same seed), before any update."""
+    torch.manual_seed(args.seed)
+    return shared_model_for(args)
+
+
+def every_parameter_changed(shared: torch.nn.Module, args) -> bool:
+    """Whether the updates reached every parameter of the shared model."""
+    pairs = zip(shared.parameters(), untouched_model(args).parameters(), strict=True)
+    return all(not torch.equal(p, q) for p, q in pairs)
 
 
 def test_same_seed_gives_identical_losses_on_pong():
@@ -187,16 +198,8 @@ def test_same_seed_gives_identical_losses_on_pong():
 
 def test_worker_changes_the_shared_model():
     args = make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
-    torch.manual_seed(args.seed)
     _, shared = worker_losses(args, updates=3)
-    torch.manual_seed(args.seed)
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
-    untouched = build_model(env.observation_space, env.action_space, args.hidden_size)
-    changed = [
-        not torch.equal(p, q)
-        for p, q in zip(shared.parameters(), untouched.parameters(), strict=True)
-    ]
-    assert all(changed)
+    assert every_parameter_changed(shared, args)
 
 
 def test_worker_with_its_own_optimizer():
@@ -281,6 +284,7 @@ def test_gpu_worker_updates_the_cpu_shared_model():
     losses, shared = worker_losses(args, updates=3)
     assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses)))
     assert all(p.device.type == "cpu" for p in shared.parameters())
+    assert every_parameter_changed(shared, args)  # the gradients came back from the GPU
 
 
 def test_pinning_is_a_no_op_without_cuda(monkeypatch):
