@@ -42,6 +42,10 @@ STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
 before the block were trained again from an older state (the run was killed between saves)."""
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} : ")
 """How every line of a training log begins (ours and the original's: ``%(asctime)s : ``)."""
+EVAL_GAME = re.compile(r" : game \d+/\d+: reward ")
+"""A game line of gym_eval.py's log (``<env>_eval_log``), which has no training games."""
+LOADED = re.compile(r" : load: (?P<load>True|False)$")
+"""Whether a block's run began with ``--load`` (a state or a ``.dat``) or from nothing."""
 RUN_ID = re.compile(r" : tensorboard_dir: (?P<run>.+)$")
 """The run's own folder name, in the argument block: a restarted test process and a resumed run
 log the same one, a new run another. The original's logs have none (each block is a new run)."""
@@ -123,38 +127,87 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
         raise UsageError(
             f"{str(path)!r} is not a training log (no line of one); pass a <log-dir><env>_log file"
         )
+    if not games and any(EVAL_GAME.search(line) for line in lines):
+        raise UsageError(
+            f"{str(path)!r} is gym_eval.py's log, not a training log; pass a <log-dir><env>_log "
+            "file (an evaluation's games are in its <env>_eval.json)"
+        )
     return games
 
 
 def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
     """The test games of one run trained in several sittings, one log each, in order.
 
-    A sitting resumed with ``--load`` from its training state goes on counting, so its games
-    are taken as they are. A sitting started from a ``.dat`` alone (a new machine: the step
-    count starts afresh) is recognised by counts lower than where the sitting before ended, and
-    is shifted to go on from that sitting's last test game (wall time, steps and frames), so
-    the run's untested tail before the restart (under one test interval) is not counted.
+    A sitting resumed with ``--load`` from its training state names the same run and goes on
+    counting, so its games are taken as they are (those of the sitting before past the steps
+    it resumed at are dropped: that stretch was trained again). A sitting started from a
+    ``.dat`` alone (a new machine: the step count starts afresh) is recognised by counts lower
+    than where the sitting before ended, and is shifted to go on from that sitting's last test
+    game (wall time, steps and frames), so the run's untested tail before the restart (under
+    one test interval) is not counted.
 
     Raises:
-        UsageError: a file does not exist.
+        UsageError: a file does not exist, or the logs are not one run's in the order written
+            (a log given twice, out of order, or another run started without ``--load``).
     """
     games: list[TestGame] = []
+    before: LogStart | None = None
     for path in paths:
-        sitting = parse_log(path)
-        if games and sitting and _count(sitting[0]) < _count(games[-1]):
-            last = games[-1]
-            sitting = [
-                TestGame(
-                    seconds=g.seconds + last.seconds,
-                    reward=g.reward,
-                    length=g.length,
-                    steps=_shift(g.steps, last.steps),
-                    frames=_shift(g.frames, last.frames),
-                )
-                for g in sitting
-            ]
+        sitting, start = parse_log(path), log_start(path)
+        if games and sitting and before is not None:
+            order = "give each log of one run once, in the order they were written"
+            if start.run and start.run == before.run:  # resumed from the run's training state
+                if start.steps_at_start == 0:
+                    raise UsageError(f"log {str(path)!r} starts its run again from step 0; {order}")
+                if start.steps_at_start is not None:
+                    games = [g for g in games if g.steps is None or g.steps <= start.steps_at_start]
+            elif _count(sitting[0]) < _count(games[-1]):
+                if start.loaded is False:
+                    raise UsageError(
+                        f"log {str(path)!r} is of another run, started without --load; {order}"
+                    )
+                last = games[-1]
+                sitting = [
+                    TestGame(
+                        seconds=g.seconds + last.seconds,
+                        reward=g.reward,
+                        length=g.length,
+                        steps=_shift(g.steps, last.steps),
+                        frames=_shift(g.frames, last.frames),
+                    )
+                    for g in sitting
+                ]
         games.extend(sitting)
+        before = start
     return games
+
+
+@dataclass
+class LogStart:
+    """How the last run in a log began: its first argument block's run id and settings."""
+
+    run: str  # "" in the original's logs, which name none
+    loaded: bool | None  # --load, where the block says
+    steps_at_start: int | None
+
+
+def log_start(path: str | Path) -> LogStart:
+    """The `LogStart` of the last run in the training log at `path` (read as `parse_log` does)."""
+    blocks: list[LogStart] = []
+    loaded: bool | None = None
+    steps: int | None = None
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if match := STEPS_AT_START.search(line):
+            steps = int(match["steps"])
+        elif match := LOADED.search(line):
+            loaded = match["load"] == "True"
+        elif match := RUN_ID.search(line):
+            blocks.append(LogStart(Path(match["run"].strip()).name, loaded, steps))
+            loaded, steps = None, None
+    if not blocks:
+        return LogStart("", None, None)
+    last = [block for block in blocks if block.run == blocks[-1].run]
+    return last[0]
 
 
 def _count(game: TestGame) -> float:
@@ -657,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the exit code (0 ok, 2 bad input)."""
+    """Entry point: returns the exit code (0 ok, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "curve":
@@ -687,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"visualize.py: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # no file half-written: pictures are written atomically
+        print("visualize.py: stopped", file=sys.stderr)
+        return 130
     return 0
 
 

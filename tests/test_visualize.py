@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -151,12 +152,12 @@ def _game(seconds: int, reward: float, steps: int) -> str:
     )
 
 
-def _block(run: str, steps_at_start: int | None = None, runs: str = "logs/runs/") -> str:
-    start = (
-        ""
-        if steps_at_start is None
-        else f"2026-01-01 00:00:00,000 : steps_at_start: {steps_at_start}\n"
-    )
+def _block(
+    run: str, steps_at_start: int | None = None, runs: str = "logs/runs/", load: bool | None = None
+) -> str:
+    start = "" if load is None else f"2026-01-01 00:00:00,000 : load: {load}\n"
+    if steps_at_start is not None:
+        start += f"2026-01-01 00:00:00,000 : steps_at_start: {steps_at_start}\n"
     return (
         f"{start}2026-01-01 00:00:00,000 : tensorboard_dir: {runs}{run}\n"
         "2026-01-01 00:00:00,000 : workers: 2\n"
@@ -200,6 +201,23 @@ def test_a_resume_from_an_older_state_drops_the_games_of_the_stretch_trained_aga
     games = parse_log(log)
     assert [(g.steps, g.reward) for g in games] == [(1000, -21.0), (2500, -18.0), (3200, -17.0)]
     assert [g.steps for g in parse_log(log, all_runs=True)] == [1000, 2500, 3200]
+
+
+def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_path):
+    first, resumed, other = tmp_path / "a_log", tmp_path / "b_log", tmp_path / "c_log"
+    first.write_text(_block("r1", 0, load=False) + _game(10, 1.0, 1000) + _game(20, 2.0, 2000))
+    # resumed from a state saved at 1,500 steps (in another --log-dir): 2,000 was trained again
+    resumed.write_text(_block("r1", 1500, load=True) + _game(30, 3.0, 2500))
+    other.write_text(_block("r2", 0, load=False) + _game(5, 4.0, 500))  # a fresh run
+    games = parse_sittings([first, resumed])
+    assert [(g.steps, g.reward) for g in games] == [(1000, 1.0), (2500, 3.0)]
+    for logs, says in (
+        ([first, first], "a_log' starts its run again from step 0; give each log of one run"),
+        ([resumed, first], "a_log' starts its run again from step 0"),
+        ([first, other], "c_log' is of another run, started without --load; give each log"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(says)):
+            parse_sittings(logs)
 
 
 def test_sittings_join_a_run_resumed_from_its_state_and_one_from_a_dat_alone(tmp_path):
@@ -507,6 +525,7 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
         (["table", "{binary}"], "cannot read eval summary '{binary}': 'utf-8' codec can't"),
         (["curve", "{binary}"], "'{binary}' is not a training log (no line of one); pass"),
         (["milestone", "{run}", "--reward", "1"], "'{run}' is not a training log"),
+        (["curve", "{eval_log}"], "'{eval_log}' is gym_eval.py's log, not a training log; pass"),
         (["curve", "{dir}"], "cannot read log '{dir}' (Is a directory); pass a <log-dir><env>_log"),
         (["curve", "{log}", "--out", "{file}/c.png"],
          "cannot write '{file}/c.png' (File exists); choose a folder you can write"),
@@ -522,7 +541,11 @@ def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
     names = {
         "run": tmp_path / "run.json", "list": tmp_path / "list.json", "dir": tmp_path,
         "log": tmp_path / "x_log", "file": tmp_path / "a_file", "binary": tmp_path / "x.dat",
+        "eval_log": tmp_path / "x_eval_log",
     }  # fmt: skip
+    names["eval_log"].write_text(
+        "2026-11-28 18:13:02,110 : game 1/2: reward 1.0, length 297, reward mean 1.0000\n"
+    )
     names["binary"].write_bytes(b"PK\x03\x04\x80\xff")  # a .dat (a zip) given as a summary
     names["run"].write_text(json.dumps({"config": {}, "finished": {}}))
     names["list"].write_text("[1, 2]")
@@ -536,6 +559,17 @@ def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("visualize.py: error: "), lines
     assert fill(message) in lines[0]
+
+
+def test_ctrl_c_in_visualize_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import visualize
+
+    def interrupted(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(visualize, "plot_curve", interrupted)
+    assert visualize.main(["curve", str(tmp_path / "x_log")]) == 130
+    assert capsys.readouterr().err == "visualize.py: stopped\n"
 
 
 def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
