@@ -225,7 +225,7 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load a ``.dat`` state_dict (ours or the original A3G's) into `model`.
+    """Load a ``.dat`` state_dict (ours or the original A3G's), or a training state's, into `model`.
 
     Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
 
@@ -234,12 +234,20 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
             game (action count) or another ``--hidden-size``.
     """
     path = Path(path)
+    if path.parent.is_file():
+        raise UsageError(
+            f"--load-model-dir {str(path.parent)!r} is a file; give the folder holding "
+            f"{path.name} (gym_eval.py takes any file as --model)"
+        )
     if not path.is_file():
         raise UsageError(
             f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
             f"the folder holding {path.name}"
         )
-    model.load_state_dict(check_state_dict(model, _torch_load(path, "checkpoint"), path))
+    content = _torch_load(path, "checkpoint")
+    if isinstance(content, dict) and content.get("format") == STATE_FORMAT:  # a training state
+        content = content.get("model")  # its weights (gym_eval.py --model <env>_state.pt)
+    model.load_state_dict(check_state_dict(model, content, path))
 
 
 STATE_FORMAT = 1
@@ -371,6 +379,8 @@ class TrainingState:
 
 # What a ``--save-max`` run's shutdown save adds to the env's file stem: ``<env>_last.dat``.
 LAST_SAVE_SUFFIX = "_last"
+# And the training state's: ``<env>_state.pt``.
+STATE_SUFFIX = "_state"
 
 
 @dataclass(frozen=True)
@@ -414,7 +424,7 @@ class RunPaths:
             runs=Path(log_dir) / "runs",
             model=model,
             final_model=last if save_max else model,
-            state=checkpoint_path(save_model_dir, env_id, "_state.pt"),
+            state=checkpoint_path(save_model_dir, env_id, f"{STATE_SUFFIX}.pt"),
             load_model=checkpoint_path(load_model_dir, env_id),
-            load_state=checkpoint_path(load_model_dir, env_id, "_state.pt"),
+            load_state=checkpoint_path(load_model_dir, env_id, f"{STATE_SUFFIX}.pt"),
         )

@@ -71,7 +71,10 @@ class CommonConfig:
     )
     seed: int = flag(1, "-s", help="random seed; training worker RANK uses seed + RANK")
     max_episode_length: int = flag(
-        10000, "-mel", help="agent steps before an episode (a game, in gym_eval) is cut"
+        10000,
+        "-mel",
+        help="agent steps before an episode (a game, in gym_eval) is cut; the steps of its "
+        "reset (no-ops, FIRE) count, as in the original",
     )
     skip_rate: int = flag(DEFAULT_SKIP_RATE, "-sk", help="frame skip (NoFrameskip ids)")
     hidden_size: int = flag(512, "-hs", help="LSTM hidden size (must match a loaded model)")
@@ -251,8 +254,8 @@ class EvalConfig(CommonConfig):
     video_dir: str = flag("", help="where --new-gym-eval writes (default <log-dir>videos/)")
     model: str = flag(
         "",
-        help="the .dat to evaluate, any file (default <load-model-dir><env>.dat): e.g. the "
-        "PongNoFrameskip-v4 agent on ALE/Pong-v5",
+        help="the .dat (or training state <env>_state.pt) to evaluate, any file (default "
+        "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
     )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     threads: int = flag(

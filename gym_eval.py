@@ -25,6 +25,7 @@ import torch
 
 from checkpoint import (
     LAST_SAVE_SUFFIX,
+    STATE_SUFFIX,
     checkpoint_path,
     env_file_stem,
     load_weights,
@@ -192,7 +193,8 @@ def training_record(
 
     The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
     `model_path`, whichever env the evaluation plays; a ``<env>_last.dat`` (the shutdown save
-    of a ``--save-max`` run) has its run's ``<env>_run.json``. Frames and seconds are the
+    of a ``--save-max`` run) and a training state ``<env>_state.pt`` have their run's
+    ``<env>_run.json``. Frames and seconds are the
     whole run's, every sitting of it together (`monitor.run_totals`); ``command`` is its first
     sitting's and ``commands`` every sitting's in order (the later ones resumed it with
     ``--load``, some with other flags: a new lr, another precision on another machine), up to
@@ -201,8 +203,9 @@ def training_record(
     an evaluation.
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
-    if not path.exists() and model_path.stem.endswith(LAST_SAVE_SUFFIX):
-        path = Path(log_dir) / f"{model_path.stem.removesuffix(LAST_SAVE_SUFFIX)}_run.json"
+    for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
+        if not path.exists() and model_path.stem.endswith(suffix):
+            path = Path(log_dir) / f"{model_path.stem.removesuffix(suffix)}_run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):  # ValueError: not JSON, not text
@@ -470,7 +473,9 @@ def evaluate(args: EvalConfig) -> dict:
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
         what = "is a folder" if model_path.is_dir() else "not found"
-        raise UsageError(f"--model {args.model!r} {what}; give the path of a .dat file")
+        raise UsageError(
+            f"--model {args.model!r} {what}; give the path of a .dat or training-state file"
+        )
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     check_writable(args.log_dir, "--log-dir")
     if args.new_gym_eval:

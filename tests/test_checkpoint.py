@@ -197,6 +197,30 @@ def test_a_file_that_is_not_weights_gets_a_message_that_says_what_it_is(tmp_path
         TrainingState.load(path)
 
 
+def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tmp_path):
+    import gymnasium as gym
+
+    from model import A3Clstm
+
+    def net(seed: int) -> A3Clstm:
+        torch.manual_seed(seed)
+        return A3Clstm(1, gym.spaces.Discrete(6), 32)
+
+    TrainingState(model=net(1).state_dict(), steps=10).save(tmp_path / "Pong_state.pt")
+    model = net(2)
+    load_weights(model, tmp_path / "Pong_state.pt")  # gym_eval.py --model <env>_state.pt
+    for got, want in zip(model.state_dict().values(), net(1).state_dict().values(), strict=True):
+        assert torch.equal(got, want)
+    # --load-model-dir given a file: named as such, not "'x.dat/Pong.dat' not found"
+    (tmp_path / "x.dat").write_bytes(b"PK")
+    with pytest.raises(UsageError) as refused:
+        load_weights(model, tmp_path / "x.dat" / "Pong.dat")
+    assert str(refused.value) == (
+        f"--load-model-dir {str(tmp_path / 'x.dat')!r} is a file; give the folder holding "
+        "Pong.dat (gym_eval.py takes any file as --model)"
+    )
+
+
 # -- where a run's files go --------------------------------------------------------------------
 
 

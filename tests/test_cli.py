@@ -321,7 +321,7 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"gym_eval.py: error: --model {str(tmp_path / 'nope.dat')!r} not found; give the path "
-        "of a .dat file"
+        "of a .dat or training-state file"
     )
     folder = script_here("gym_eval.py", "--model", str(tmp_path))
     assert folder.returncode == 2
