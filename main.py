@@ -198,6 +198,14 @@ def same_file(path: Path, other: Path) -> bool:
     return path.resolve() == other.resolve()
 
 
+def earlier_log_dir(resumed: TrainingState | None, log_dir: str) -> Path | None:
+    """The ``--log-dir`` of the sittings a resumed state comes from, where it is another."""
+    earlier = None if resumed is None else resumed.config.get("log_dir")
+    if not earlier or same_file(Path(earlier), Path(log_dir)):
+        return None
+    return Path(earlier)
+
+
 def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     """Everything before the first process starts; all that can fail on bad input fails here.
 
@@ -289,6 +297,13 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         log.warning(
             f"{paths.record} holds an earlier run's record and this run will write over it "
             "(its test games stay in the log); another --log-dir keeps it"
+        )
+    earlier_logs = earlier_log_dir(resumed, config.log_dir)
+    if earlier_logs is not None and not paths.log.exists():
+        log.warning(
+            f"resume: the earlier sittings logged to {earlier_logs}; this sitting's log "
+            f"{paths.log} starts without their test games (copy {paths.log.name} from there "
+            "first for one curve); the run record takes theirs from there"
         )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
@@ -698,6 +713,9 @@ class Launcher:
                 weights_from=str(self.paths.load_model)
                 if self.config.load and self.resumed is None
                 else None,
+                earlier_record=None
+                if (earlier := earlier_log_dir(self.resumed, self.config.log_dir)) is None
+                else earlier / self.paths.record.name,
             )
         except OSError as err:
             raise UsageError(

@@ -180,13 +180,20 @@ class RunMonitor:
         self.writer = None
         self.record: dict[str, Any] = {}
 
-    def open(self, resumed_from: str | None = None, weights_from: str | None = None) -> None:
+    def open(
+        self,
+        resumed_from: str | None = None,
+        weights_from: str | None = None,
+        earlier_record: Path | None = None,
+    ) -> None:
         """Open the TensorBoard run (with the model graph) and write the run record.
 
         A resumed run (`resumed_from` names the training-state file) keeps the records of the
         runs before it under ``previous_runs``; so does a run that went on from a ``.dat``
         alone (`weights_from`, e.g. on a new machine), whose counts start afresh
-        (`run_totals` starts a new chain there).
+        (`run_totals` starts a new chain there). They are read from this ``--log-dir``'s
+        record, or where it has none, from `earlier_record` (the state's run wrote its record
+        in another ``--log-dir``; read, never moved).
         """
         if self.config.tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
@@ -218,19 +225,19 @@ class RunMonitor:
             record["resumed_from"] = resumed_from
         elif weights_from is not None:
             record["loaded_weights_from"] = weights_from
-        if (resumed_from is not None or weights_from is not None) and Path(
-            self.record_path
-        ).exists():
-            previous = self._earlier_record()
+        source = Path(self.record_path)
+        if not source.exists() and earlier_record is not None:
+            source = earlier_record
+        if (resumed_from is not None or weights_from is not None) and source.exists():
+            previous = self._earlier_record(source)
             if previous is not None:
                 history = previous.pop("previous_runs", None) or []
                 record["previous_runs"] = [*history, previous]
         write_json_atomic(record, self.record_path)
         self.record = record  # only once written: `Launcher.open_record` reads it so
 
-    def _earlier_record(self) -> dict[str, Any] | None:
-        """The record of the sittings so far, or None (said, and the file kept aside) if unfit."""
-        path = Path(self.record_path)
+    def _earlier_record(self, path: Path) -> dict[str, Any] | None:
+        """The sittings so far, or None if unfit (said; this run's own file is kept aside)."""
         try:
             previous = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -240,11 +247,14 @@ class RunMonitor:
                 return previous
             reason = "not a run record"
         kept = path.with_name(path.name + ".unreadable")
-        try:
-            os.replace(path, kept)
-            where = f"the file is kept as {kept}"
-        except OSError as err:
-            where = f"it could not be kept aside: {err.strerror}"
+        if path != Path(self.record_path):  # another folder's: left as it is
+            where = "the file is left as it is"
+        else:
+            try:
+                os.replace(path, kept)
+                where = f"the file is kept as {kept}"
+            except OSError as err:
+                where = f"it could not be kept aside: {err.strerror}"
         self.log.warning(
             f"run record {path} cannot be read ({reason}); this sitting's record starts without "
             f"the earlier sittings ({where})"

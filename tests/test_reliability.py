@@ -429,6 +429,29 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     assert prepare(parse_train_args([*load, "--max-steps", "1501"])).resumed.steps == 1500
 
 
+def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_says_so(
+    tmp_path, caplog
+):
+    first = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    first.open_record()
+    first.ctx.steps[0] = 1500
+    first.save_state()
+    first.monitor.close("SIGINT received", 0)
+    elsewhere = ["--save-model-dir", str(tmp_path / "m2"), "--log-dir", str(tmp_path / "l2")]
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        resumed = prepare(parse_train_args([*PONG_SMALL, *elsewhere, *load]))
+    assert (
+        f"resume: the earlier sittings logged to {tmp_path / 'logs'}; this sitting's log "
+        f"{tmp_path / 'l2' / f'{PONG}_log'} starts without their test games" in caplog.text
+    )
+    resumed.open_record()
+    record = json.loads(resumed.paths.record.read_text())
+    (earlier,) = record["previous_runs"]
+    assert earlier["finished"]["steps"] == 1500  # read from the earlier --log-dir, left there
+    assert json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text()) == earlier
+
+
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
     tmp_path, monkeypatch, capsys
 ):
