@@ -8,6 +8,7 @@ written through a temporary file and a rename, and read with ``weights_only=True
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -129,6 +130,22 @@ def save_atomic(obj: Any, path: str | Path) -> None:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     write_atomic(path, lambda f: f.write(buffer.getbuffer()))
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """The SHA-256 of a file's bytes, in hex (None if it cannot be read).
+
+    A run record keeps it for the weights its run left, so `gym_eval.training_record` tells
+    them from other weights of that name.
+    """
+    digest = hashlib.sha256()
+    try:
+        with Path(path).open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> None:

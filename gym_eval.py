@@ -28,13 +28,14 @@ from checkpoint import (
     STATE_SUFFIX,
     checkpoint_path,
     env_file_stem,
+    file_sha256,
     load_weights,
     write_json_atomic,
 )
 from cli import EvalConfig, parse_eval_args
 from environment import env_config, make_env, protocol, read_config, register_games
 from model import build_model
-from monitor import counted_sittings, run_totals
+from monitor import counted_sittings, run_totals, up_to_weights
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
 from utils import (
     UsageError,
@@ -199,8 +200,11 @@ def training_record(
     sitting's and ``commands`` every sitting's in order (the later ones resumed it with
     ``--load``, some with other flags: a new lr, another precision on another machine), up to
     the last that finished (`monitor.counted_sittings`: one still running is not counted).
-    A record this version cannot read is left out (with a warning on `log`): it never stops
-    an evaluation.
+    Where the record names the weights its sittings left (SHA-256), only the sittings up to
+    the one that left the model's bytes count, and a record of other weights (a record copied
+    beside another model of that name) is left out, with a warning on `log`; older records
+    are taken by the file name alone. A record this version cannot read is left out (with a
+    warning on `log`): it never stops an evaluation.
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
@@ -213,6 +217,15 @@ def training_record(
     try:
         if not isinstance(record, dict):
             raise TypeError("not a JSON object")
+        record = up_to_weights(record, file_sha256(model_path))
+        if record is None:
+            if log is not None:
+                log.warning(
+                    f"{path} is the record of other weights (no sitting of its run left a file "
+                    f"with {model_path.name}'s SHA-256); the summary's training entry is left "
+                    "empty"
+                )
+            return None
         totals = run_totals(record)
         sittings = counted_sittings(record)
         commands = [s.get("command") for s in sittings]

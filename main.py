@@ -750,7 +750,11 @@ class Launcher:
         # A final save that failed lost data: scripts must see it, though nothing crashed.
         exit_code = 1 if self.failed or not (self.final_saved and self.state_saved) else 0
         try:
-            self.monitor.close(self.stop_reason or "done", exit_code)
+            self.monitor.close(
+                self.stop_reason or "done",
+                exit_code,
+                weights=sorted({self.paths.model, self.paths.final_model}),
+            )
         except OSError as err:
             self.log.error(f"could not complete the run record {self.paths.record} ({err})")
             exit_code = 1

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from checkpoint import RunPaths, TrainingState, write_json_atomic
+from checkpoint import RunPaths, TrainingState, file_sha256, write_json_atomic
 from cli import TrainConfig, as_dict
 from environment import protocol
 from shared_optim import scheduled_lr
@@ -94,6 +94,30 @@ def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
     sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
     ends = [i for i, sitting in enumerate(sittings) if has_finished(sitting)]
     return sittings[: ends[-1] + 1] if ends else sittings
+
+
+def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] | None:
+    """The record as it stood when its run left the weights of SHA-256 `digest`.
+
+    The last counted sitting whose ``weights_sha256`` holds `digest`, with the sittings
+    before it as its ``previous_runs`` (so `run_totals` counts the training in those weights
+    only); the record itself where no sitting names its weights (records written before
+    2026-11-28); None where some do and none of them is `digest`: other weights.
+    """
+    sittings = counted_sittings(record)
+    named = [
+        (i, digests)
+        for i, sitting in enumerate(sittings)
+        if has_finished(sitting)
+        and isinstance(digests := sitting["finished"].get("weights_sha256"), dict)
+        and digests
+    ]
+    if not named:
+        return record
+    for i, digests in reversed(named):
+        if digest in digests.values():
+            return {**sittings[i], "previous_runs": sittings[:i]}
+    return None
 
 
 def run_totals(record: dict[str, Any]) -> dict[str, Any]:
@@ -372,8 +396,12 @@ class RunMonitor:
             f"{self.fps:,.0f} frames/s | {test}{skipped_text}"
         )
 
-    def close(self, stop_reason: str, exit_code: int) -> None:
-        """Final scalars, close TensorBoard, complete the run record."""
+    def close(self, stop_reason: str, exit_code: int, weights: Sequence[Path] = ()) -> None:
+        """Final scalars, close TensorBoard, complete the run record.
+
+        The record keeps the SHA-256 of each of the `weights` files the run leaves (those
+        that exist), so an evaluation can tell this run's weights from others of that name.
+        """
         self.tick(force=True)
         self._to_tensorboard(lambda writer: writer.close())
         elapsed = time.time() - self.ctx.start_time
@@ -388,5 +416,8 @@ class RunMonitor:
             "skipped_updates": self.ctx.total_skipped(),
             "stop_reason": stop_reason,
             "exit_code": exit_code,
+            "weights_sha256": {
+                path.name: digest for path in weights if (digest := file_sha256(path)) is not None
+            },
         }
         write_json_atomic(self.record, self.record_path)

@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 
 import train
-from checkpoint import TrainingState
+from checkpoint import TrainingState, file_sha256
 from cli import as_dict, parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
 from main import Child, prepare
@@ -298,6 +298,41 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
         caplog.clear()
 
 
+def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp_path, caplog):
+    from gym_eval import training_record
+
+    early, late, other = (tmp_path / name for name in ("early.dat", "Game.dat", "other.dat"))
+    for path, content in ((early, b"weights at 100"), (late, b"at 300"), (other, b"another")):
+        path.write_bytes(content)
+    first = {
+        "command": "python main.py --first",
+        "finished": {"frames": 100, "seconds": 60.0, "weights_sha256": {"G.dat": ""}},
+    }
+    first["finished"]["weights_sha256"]["G.dat"] = file_sha256(early)
+    record = {
+        "command": "python main.py --first --load",
+        "resumed_from": "state.pt",
+        "finished": {"frames": 300, "seconds": 150.0, "weights_sha256": {"G.dat": "x"}},
+        "previous_runs": [first],
+    }
+    record["finished"]["weights_sha256"]["G_last.dat"] = file_sha256(late)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "Game_run.json").write_text(json.dumps(record))
+    assert training_record(str(logs), late)["frames"] == 300  # the whole run's
+    (logs / "early_run.json").write_text(json.dumps(record))
+    at_first = training_record(str(logs), early)  # an earlier sitting's weights
+    assert (at_first["frames"], at_first["commands"]) == (100, ["python main.py --first"])
+    (logs / "other_run.json").write_text(json.dumps(record))  # copied beside other weights
+    log = logging.getLogger("test.training_record")
+    with caplog.at_level("WARNING", logger=log.name):
+        assert training_record(str(logs), other, log) is None
+    assert (
+        "other_run.json is the record of other weights (no sitting of its run left" in caplog.text
+    )
+    assert "with other.dat's SHA-256); the summary's training entry is left empty" in caplog.text
+
+
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
     from gym_eval import summarised_model
 
@@ -506,6 +541,9 @@ def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_pat
     assert (tmp_path / "models" / f"{PONG}.dat").exists()
     assert (tmp_path / "models" / f"{PONG}_state.pt").exists()
     assert all(proc.exitcode is not None for proc in launcher.processes.values())
+    # The record names the weights the run left, for evaluations to tell them from others.
+    dat = tmp_path / "models" / f"{PONG}.dat"
+    assert record["finished"]["weights_sha256"] == {dat.name: file_sha256(dat)}
 
 
 def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_path, caplog):
@@ -525,7 +563,7 @@ def test_a_run_record_that_cannot_be_completed_is_said_and_exit_1(tmp_path, capl
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     launcher.on_poll = launcher.ctx.request_stop  # at its first look: stop
 
-    def disk_full(*_args):
+    def disk_full(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
 
     launcher.monitor.close = disk_full
