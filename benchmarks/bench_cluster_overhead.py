@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "sync_interval": args.sync_interval,
         "node_workers": args.node_workers,
+        "rounds": args.rounds,
+        "complete": False,  # until every round ran: a file saved part-way says so
     }
     runs: dict[str, list[float]] = {"single": [], "cluster": []}
     cpu: dict[str, list[dict[str, float]]] = {"single": [], "cluster": []}
@@ -167,9 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         cpu[kind].append(run.get("cpu_by_role", {}))
         windows[kind].append(run["window_s"])
         result["frames_per_s"] = {k: [round(v) for v in vs] for k, vs in runs.items()}
-        if runs["single"] and runs["cluster"]:
-            ratio = statistics.fmean(runs["cluster"]) / statistics.fmean(runs["single"])
+        paired = min(len(runs["single"]), len(runs["cluster"]))  # rounds with both runs
+        if paired:
+            ratio = statistics.fmean(runs["cluster"][:paired]) / statistics.fmean(
+                runs["single"][:paired]
+            )
             result["cluster_over_single"] = round(ratio, 3)
+            result["paired_rounds"] = paired
         result["window_s"] = windows
         result["cpu_by_role"] = cpu
         if args.json:
@@ -189,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{cpu['single'][-1]}, cluster {cpu['cluster'][-1]}",
                     flush=True,
                 )
+            result["complete"] = True
+            if args.json:
+                write_results(result, args.json)
         except KeyboardInterrupt:
             return stopped("bench_cluster_overhead.py", args.json)
         except RuntimeError as err:  # main.py failed: its last line is in the message

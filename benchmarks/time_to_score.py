@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_step import main_py_refusal  # noqa: E402
 from bench_training import (  # noqa: E402
+    frames_at_end,
     output_file,
     output_folder,
     read_in_background,
@@ -178,6 +179,7 @@ def run_config(
                 "command": shlex.join(["python", *cmd[1:]]),
                 "wall_seconds": round(time.monotonic() - started),
                 "frames_per_s": None if steady is None else steady[0],
+                "frames_at_end": frames_at_end(stderr),  # how far it trained, reached or not
                 "exit_code": proc.returncode,
                 "stopped_itself": stopped_itself,
                 "interrupted": interrupted,
@@ -260,8 +262,11 @@ def describe(row: dict, targets: list[float], window: int) -> str:
         ended = "stopped after" if row.get("interrupted") else "did not reach"
         if not row.get("interrupted"):
             ended += f" {score:g} in"
-        what = f"{ended} {row['wall_seconds'] / 60:.1f} min" + (
-            f" (best {window}-game mean {best:.2f})" if best is not None else ""
+        trained = row.get("frames_at_end")
+        what = (
+            f"{ended} {row['wall_seconds'] / 60:.1f} min"
+            + (f", {trained:,} frames" if trained is not None else "")
+            + (f" (best {window}-game mean {best:.2f})" if best is not None else "")
         )
         if row.get("stopped_itself"):
             what += (

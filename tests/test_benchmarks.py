@@ -174,6 +174,9 @@ def test_frames_per_s_is_read_before_the_shutdown():
     rate, window = bench_training.steady_frames_per_s("".join([*lines, closing]), warmup=8)
     assert rate < 80 and window == 28  # what the closing line would do
     assert bench_training.steady_frames_per_s(lines[0], warmup=0) is None
+    # The window is timed by the time stamps (to the millisecond), not the whole seconds.
+    stamped = [line.replace("07:00:30,000", "07:00:30,500") for line in lines]
+    assert bench_training.steady_frames_per_s("".join(stamped), warmup=8) == (2_000 / 20.5, 20.5)
 
 
 @pytest.mark.slow
@@ -251,6 +254,32 @@ def test_gpu_memory_reads_nvidia_smi_and_nothing_when_no_driver_answers(monkeypa
     failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     monkeypatch.setattr(bench_training.subprocess, "run", answers(9, failed))
     assert bench_training.gpu_memory_mib() == {}
+
+
+def test_an_overhead_benchmark_stopped_part_way_says_so_and_pairs_its_rounds(tmp_path, monkeypatch):
+    class FakeCluster:
+        address = "127.0.0.1:1"
+
+        def shutdown(self):
+            pass
+
+    rates = iter([1000.0, 900.0, 1100.0])  # single, cluster, single, then Ctrl-C
+
+    def timed_run(flags, seconds, warmup):
+        rate = next(rates, None)
+        if rate is None:
+            raise KeyboardInterrupt
+        return {"frames_per_s": rate, "window_s": 50.0, "cpu_by_role": {}}
+
+    monkeypatch.setattr(
+        bench_cluster_overhead, "start_one_machine_cluster", lambda n: FakeCluster()
+    )
+    monkeypatch.setattr(bench_cluster_overhead, "timed_run", timed_run)
+    out = tmp_path / "overhead.json"
+    assert bench_cluster_overhead.main(["--rounds", "2", "--json", str(out)]) == 130
+    result = json.loads(out.read_text())
+    assert (result["rounds"], result["complete"], result["paired_rounds"]) == (2, False, 1)
+    assert result["cluster_over_single"] == 0.9  # the round with both runs, not 900 / 1050
 
 
 def test_the_overhead_benchmark_refuses_bad_arguments_before_starting_ray(monkeypatch, capsys):
@@ -444,7 +473,16 @@ def test_time_to_score_reports_every_target_of_any_game(tmp_path):
     assert not result["reached"] and result["best_window_mean"] == 190.0
     row = {**result, "flags": "", "frames_per_s": 70.0, "wall_seconds": 420}
     line = time_to_score.describe(row, [50, 100, 400], 2)
-    assert "did not reach 400 in 7.0 min" in line
+    assert "did not reach 400 in 7.0 min (best" in line
+    # how far it trained: the closing status line's count, past the last test game's
+    stderr = (
+        "2026-11-23 10:07:00,000 : status 00h 07m 00s | steps 7,100 | frames 28,400 | 70\n"
+        "2026-11-23 10:07:01,000 : stopping: SIGINT received\n"
+        "2026-11-23 10:07:03,500 : status 00h 07m 03s | steps 7,250 | frames 29,000 | 70\n"
+    )
+    row["frames_at_end"] = bench_training.frames_at_end(stderr)
+    line = time_to_score.describe(row, [50, 100, 400], 2)
+    assert "did not reach 400 in 7.0 min, 29,000 frames (best 2-game mean 190.00)" in line
     assert "(reached 50 after 4.0 min, 16,000 frames; 100 after 6.0 min, 24,000 frames)" in line
 
 
