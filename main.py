@@ -512,6 +512,7 @@ class Launcher:
             return test, (
                 self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
                 ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
+                self.ctx.total_steps(),
             )  # fmt: skip
         return train, (
             child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,

@@ -28,6 +28,8 @@ def run_test(
     rewards: Sequence[float] = (),
     normalizer: dict | None = None,
     dat_score: float | None = None,
+    *,
+    steps_at_start: int,
 ) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
@@ -52,12 +54,14 @@ def run_test(
         normalizer: observation-normaliser statistics to continue from.
         dat_score: the score of the weights in ``<env>.dat`` (None: not known, so under
             ``--save-max`` the first game replaces them).
+        steps_at_start: the run's steps when the launcher started this process: a resumed
+            run's games logged past them (after the state it resumed from was saved) are of
+            a stretch trained again, and the curve drops them. Counted by the launcher, not
+            here: the workers step while this process imports torch.
     """
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
-    # The run's steps now: a resumed run's games logged past them (after the state it
-    # resumed from was saved) are of a stretch trained again, and the curve drops them.
-    block = {**as_dict(config), "tensorboard_dir": run_dir, "steps_at_start": ctx.total_steps()}
+    block = {**as_dict(config), "tensorboard_dir": run_dir, "steps_at_start": steps_at_start}
     for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
 
@@ -131,9 +135,10 @@ def test(
     run_dir: str,
     shared_model: nn.Module,
     ctx: ProcessContext,
-    rewards: Sequence[float] = (),
-    normalizer: dict | None = None,
-    dat_score: float | None = None,
+    rewards: Sequence[float],
+    normalizer: dict | None,
+    dat_score: float | None,
+    steps_at_start: int,
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
@@ -141,5 +146,6 @@ def test(
         # busy, the test process takes what they leave instead of a fair share.
         os.nice(config.test_niceness)
         run_test(
-            config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score
-        )
+            config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,
+            steps_at_start=steps_at_start,
+        )  # fmt: skip

@@ -186,7 +186,8 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
         _, worker_args = launcher.process_target(Child(0), launcher.ctx)
         assert worker_args[-1] == saved["normalizers"]["0"]
         _, test_args = launcher.process_target(Child(None), launcher.ctx)
-        rewards, normalizer, dat_score = test_args[-3:]
+        rewards, normalizer, dat_score, steps_at_start = test_args[-4:]
+        assert steps_at_start == saved["steps"]  # the launcher's count, before any step
         assert len(rewards) == saved["test"]["games"]
         assert normalizer == saved["normalizers"]["test"]
         assert dat_score is None is saved["dat_score"]  # its final weights: no game's
@@ -202,6 +203,7 @@ def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_te
     assert {p.name for p in (tmp_path / "logs" / "runs").iterdir()} == runs_before
     log = log_path.read_text()
     assert log.startswith(first_log) and len(log) > len(first_log)
+    assert f" : steps_at_start: {saved['steps']}\n" in log[len(first_log) :]
     # The curve's reading of the log covers both parts of the run.
     assert len(parse_log(log_path)) == log.count("episode reward") > 0
     again = TrainingState.read_file(state_path)
@@ -883,7 +885,7 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
     monkeypatch.setattr(test_process, "save_atomic", save)
     test_process.run_test(
         launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
-        launcher.shared_model, ctx,
+        launcher.shared_model, ctx, steps_at_start=0,
     )  # fmt: skip
     assert saved == [3.0, 4.0, 4.0]
 
@@ -931,14 +933,14 @@ def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_pa
         resumed = prepare(parse_train_args([*flags, *load]))
     assert "its run saved it without --save-max" in caplog.text
     assert resumed.monitor.best == 5.0 and resumed.monitor.dat_score is None
-    assert resumed.process_target(Child(None), resumed.ctx)[1][-1] is None  # the test's bar
+    assert resumed.process_target(Child(None), resumed.ctx)[1][-2] is None  # the test's bar
     # A --save-max run: its state keeps the score of the file, not the run's best game.
     resumed.monitor.take("test", {**game, "reward": -1.0, "saved": True})
     resumed.monitor.take("test", {**game, "reward": -2.0, "saved": False})
     resumed.shutdown()
     again = prepare(parse_train_args([*flags, *load]))
     assert again.monitor.dat_score == -1.0 and again.monitor.best == 5.0
-    assert again.process_target(Child(None), again.ctx)[1][-1] == -1.0
+    assert again.process_target(Child(None), again.ctx)[1][-2] == -1.0
     # Loaded from that folder into another, whose .dat is not the one the score was of.
     elsewhere = prepare(
         parse_train_args([*PONG_SMALL, *folders(tmp_path / "new"), *load])
