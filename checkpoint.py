@@ -262,13 +262,18 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
             f"the folder holding {path.name}"
         )
     content = _torch_load(path, "checkpoint")
-    if isinstance(content, dict) and content.get("format") == STATE_FORMAT:  # a training state
-        content = content.get("model")  # its weights (gym_eval.py --model <env>_state.pt)
+    if is_training_state(content):  # its weights (gym_eval.py --model <env>_state.pt)
+        content = content.get("model")
     model.load_state_dict(check_state_dict(model, content, path))
 
 
 STATE_FORMAT = 1
 """Version of the training-state file layout."""
+
+
+def is_training_state(content: Any) -> bool:
+    """Whether what a file held is a training state (`TrainingState`) of this layout."""
+    return isinstance(content, dict) and content.get("format") == STATE_FORMAT
 
 
 @dataclass
@@ -349,7 +354,7 @@ class TrainingState:
         """
         path = Path(path)
         state = _torch_load(path, "training state")
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if not is_training_state(state):
             raise UsageError(
                 f"training state {str(path)!r} is not an A3G training-state file (format "
                 f"{STATE_FORMAT}); delete it to load the weights alone"

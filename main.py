@@ -300,10 +300,15 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         )
     earlier_logs = earlier_log_dir(resumed, config.log_dir)
     if earlier_logs is not None and not paths.log.exists():
+        taken = (
+            "; the run record takes theirs from there"
+            if (earlier_logs / paths.record.name).exists() and not paths.record.exists()
+            else ""
+        )
         log.warning(
             f"resume: the earlier sittings logged to {earlier_logs}; this sitting's log "
             f"{paths.log} starts without their test games (copy {paths.log.name} from there "
-            "first for one curve); the run record takes theirs from there"
+            f"first for one curve){taken}"
         )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
@@ -754,7 +759,7 @@ class Launcher:
             self.monitor.close(
                 self.stop_reason or "done",
                 exit_code,
-                weights=sorted({self.paths.model, self.paths.final_model}),
+                weights=sorted({self.paths.model, self.paths.final_model, self.paths.state}),
             )
         except OSError as err:
             self.log.error(f"could not complete the run record {self.paths.record} ({err})")

@@ -99,10 +99,13 @@ def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
 def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] | None:
     """The record as it stood when its run left the weights of SHA-256 `digest`.
 
-    The last counted sitting whose ``weights_sha256`` holds `digest`, with the sittings
-    before it as its ``previous_runs`` (so `run_totals` counts the training in those weights
-    only); the record itself where no sitting names its weights (records written before
-    2026-11-28); None where some do and none of them is `digest`: other weights.
+    The first sitting whose ``weights_sha256`` holds `digest` (the one that wrote those bytes:
+    a ``--save-max`` run's ``<env>.dat`` may stay the same over later sittings), with the
+    sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
+    weights only. The record itself where no sitting names its weights (records written
+    before 2026-11-28) or where the last sitting has not finished (still running, or killed:
+    the weights on disk may be its own, which it has not named yet). None where every sitting
+    finished and none left `digest`: other weights.
     """
     sittings = counted_sittings(record)
     named = [
@@ -114,10 +117,10 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     ]
     if not named:
         return record
-    for i, digests in reversed(named):
+    for i, digests in named:
         if digest in digests.values():
             return {**sittings[i], "previous_runs": sittings[:i]}
-    return None
+    return None if has_finished(record) else record
 
 
 def run_totals(record: dict[str, Any]) -> dict[str, Any]:
@@ -249,16 +252,42 @@ class RunMonitor:
             record["resumed_from"] = resumed_from
         elif weights_from is not None:
             record["loaded_weights_from"] = weights_from
-        source = Path(self.record_path)
-        if not source.exists() and earlier_record is not None:
-            source = earlier_record
-        if (resumed_from is not None or weights_from is not None) and source.exists():
-            previous = self._earlier_record(source)
-            if previous is not None:
-                history = previous.pop("previous_runs", None) or []
-                record["previous_runs"] = [*history, previous]
+        previous = None
+        if resumed_from is not None:
+            previous = self._this_runs_record(earlier_record)
+        elif weights_from is not None and Path(self.record_path).exists():
+            previous = self._earlier_record(Path(self.record_path))  # copied here by the user
+        if previous is not None:
+            history = previous.pop("previous_runs", None) or []
+            record["previous_runs"] = [*history, previous]
         write_json_atomic(record, self.record_path)
         self.record = record  # only once written: `Launcher.open_record` reads it so
+
+    def _this_runs_record(self, earlier_record: Path | None) -> dict[str, Any] | None:
+        """The record of a run resumed from its state: this ``--log-dir``'s, else `earlier_record`.
+
+        Only a record of this run: one naming the same TensorBoard folder (the run's name, which
+        a resume keeps; a record that names none is taken as before). Another run's record here
+        (the folder held one) is kept aside, not chained in nor written over.
+        """
+        own = Path(self.record_path)
+        run = Path(self.tensorboard_dir).name
+        for path in (own, earlier_record):
+            if path is None or not path.exists():
+                continue
+            previous = self._earlier_record(path)
+            if previous is None:
+                continue
+            named = Path(str((previous.get("config") or {}).get("tensorboard_dir") or "")).name
+            if not named or named == run:
+                return previous
+            if path == own:
+                where = self._set_aside(own, ".another_run")
+                self.log.warning(
+                    f"{own} is the record of another run (TensorBoard folder {named}, this run's "
+                    f"is {run}); {where}"
+                )
+        return None
 
     def _earlier_record(self, path: Path) -> dict[str, Any] | None:
         """The sittings so far, or None if unfit (said; this run's own file is kept aside)."""
@@ -267,23 +296,32 @@ class RunMonitor:
         except (OSError, ValueError) as err:
             reason = str(err)
         else:
-            if isinstance(previous, dict) and isinstance(previous.get("previous_runs") or [], list):
+            if (
+                isinstance(previous, dict)
+                and isinstance(previous.get("previous_runs") or [], list)
+                and isinstance(previous.get("config") or {}, dict)
+            ):
                 return previous
             reason = "not a run record"
-        kept = path.with_name(path.name + ".unreadable")
-        if path != Path(self.record_path):  # another folder's: left as it is
-            where = "the file is left as it is"
-        else:
-            try:
-                os.replace(path, kept)
-                where = f"the file is kept as {kept}"
-            except OSError as err:
-                where = f"it could not be kept aside: {err.strerror}"
+        where = (
+            self._set_aside(path, ".unreadable")
+            if path == Path(self.record_path)
+            else "the file is left as it is"  # another folder's
+        )
         self.log.warning(
             f"run record {path} cannot be read ({reason}); this sitting's record starts without "
             f"the earlier sittings ({where})"
         )
         return None
+
+    def _set_aside(self, path: Path, suffix: str) -> str:
+        """Rename `path` to keep it from being written over; say where it went."""
+        kept = path.with_name(path.name + suffix)
+        try:
+            os.replace(path, kept)
+        except OSError as err:
+            return f"it could not be kept aside: {err.strerror}"
+        return f"the file is kept as {kept}"
 
     @property
     def frames(self) -> int:

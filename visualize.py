@@ -82,6 +82,23 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
         UsageError: the file does not exist or cannot be read (a folder, say), or holds no
             line of a training log (a checkpoint or run record given instead).
     """
+    return read_log(path, all_runs)[0]
+
+
+@dataclass
+class LogStart:
+    """How the run kept from a log began: its first argument block's run id and settings."""
+
+    run: str  # "" in the original's logs, which name none
+    loaded: bool | None  # --load, where the block says
+    steps_at_start: int | None
+
+
+def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], LogStart]:
+    """`parse_log`'s games, and the `LogStart` of the run they are of.
+
+    With `all_runs`, the first run's; an empty one where the log has no game.
+    """
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except FileNotFoundError:
@@ -91,12 +108,17 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
             f"cannot read log {str(path)!r} ({err.strerror}); pass a <log-dir><env>_log file"
         ) from None
     games: list[TestGame] = []
+    start = LogStart("", None, None)
     run: str | None = None  # the run the games so far belong to
     block: str | None = None  # the argument block read since the last game ("": no run id)
     block_steps: int | None = None  # its steps_at_start, where it has one
+    block_loaded: bool | None = None  # its --load, where it says
     for line in lines:
         if match := STEPS_AT_START.search(line):
             block_steps = int(match["steps"])
+            continue
+        if match := LOADED.search(line):
+            block_loaded = match["load"] == "True"
             continue
         if match := RUN_ID.search(line):
             block = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
@@ -108,11 +130,14 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
         if match is None:
             continue
         if block is not None:
-            if not all_runs and (block == "" or block != run):
-                games = []
-            elif block == run and block_steps is not None:
+            if block == "" or block != run:  # a new run
+                if not all_runs:
+                    games = []
+                if not all_runs or run is None:
+                    start = LogStart(block, block_loaded, block_steps)
+            elif block_steps is not None:
                 games = [g for g in games if g.steps is None or g.steps <= block_steps]
-            run, block, block_steps = block, None, None
+            run, block, block_steps, block_loaded = block, None, None, None
         g = match.groupdict()
         games.append(
             TestGame(
@@ -132,7 +157,7 @@ def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
             f"{str(path)!r} is gym_eval.py's log, not a training log; pass a <log-dir><env>_log "
             "file (an evaluation's games are in its <env>_eval.json)"
         )
-    return games
+    return games, start
 
 
 def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
@@ -148,24 +173,24 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
 
     Raises:
         UsageError: a file does not exist, or the logs are not one run's in the order written
-            (a log given twice, out of order, or another run started without ``--load``).
+            (a log given twice or out of order, or another run started without ``--load``).
     """
     games: list[TestGame] = []
     before: LogStart | None = None
     for path in paths:
-        sitting, start = parse_log(path), log_start(path)
+        sitting, start = read_log(path)
         if games and sitting and before is not None:
             order = "give each log of one run once, in the order they were written"
             if start.run and start.run == before.run:  # resumed from the run's training state
-                if start.steps_at_start == 0:
+                if start.loaded is False or start.steps_at_start == 0:
                     raise UsageError(f"log {str(path)!r} starts its run again from step 0; {order}")
                 if start.steps_at_start is not None:
                     games = [g for g in games if g.steps is None or g.steps <= start.steps_at_start]
-            elif _count(sitting[0]) < _count(games[-1]):
-                if start.loaded is False:
-                    raise UsageError(
-                        f"log {str(path)!r} is of another run, started without --load; {order}"
-                    )
+            elif start.loaded is False:
+                raise UsageError(
+                    f"log {str(path)!r} is of another run, started without --load; {order}"
+                )
+            elif _count(sitting[0]) < _count(games[-1]):  # from a .dat alone: counts afresh
                 last = games[-1]
                 sitting = [
                     TestGame(
@@ -180,34 +205,6 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
         games.extend(sitting)
         before = start
     return games
-
-
-@dataclass
-class LogStart:
-    """How the last run in a log began: its first argument block's run id and settings."""
-
-    run: str  # "" in the original's logs, which name none
-    loaded: bool | None  # --load, where the block says
-    steps_at_start: int | None
-
-
-def log_start(path: str | Path) -> LogStart:
-    """The `LogStart` of the last run in the training log at `path` (read as `parse_log` does)."""
-    blocks: list[LogStart] = []
-    loaded: bool | None = None
-    steps: int | None = None
-    for line in Path(path).read_text(errors="replace").splitlines():
-        if match := STEPS_AT_START.search(line):
-            steps = int(match["steps"])
-        elif match := LOADED.search(line):
-            loaded = match["load"] == "True"
-        elif match := RUN_ID.search(line):
-            blocks.append(LogStart(Path(match["run"].strip()).name, loaded, steps))
-            loaded, steps = None, None
-    if not blocks:
-        return LogStart("", None, None)
-    last = [block for block in blocks if block.run == blocks[-1].run]
-    return last[0]
 
 
 def _count(game: TestGame) -> float:

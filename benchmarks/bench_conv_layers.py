@@ -4,8 +4,8 @@ For each of the four conv layers of `model.A3Clstm` (1x80x80 frames, channels_la
 thread, as in a worker) times the three calls a training step makes per frame: the forward
 while acting (at ``--batch`` frames, the envs a worker acts for), and in the rollout's backward
 the weight gradient and the input gradient (``aten.convolution_backward`` on the rollout's
-``--num-steps`` x ``--batch`` frames in chunks of at most `fast_path.BACKWARD_CHUNK`, as
-`fast_path` calls it; conv1 needs no input gradient).
+frames, main.py's default ``--num-steps`` (20) x ``--batch``, in chunks of at most
+`fast_path.BACKWARD_CHUNK`, as `fast_path` calls it; conv1 needs no input gradient).
 Each is reported in ms per frame and in GFLOP/s against the core's single-thread float32
 matmul rate, the most this core's vector units give PyTorch. The sum over the layers is the
 conv arithmetic of one agent step, and what it would cost at the matmul rate is its floor.
@@ -65,8 +65,8 @@ def time_layers(batch: int, dtype: torch.dtype, repeats: int) -> list[dict[str, 
     """Milliseconds per frame and GFLOP/s of each layer's forward, weight and input gradient."""
     model = A3Clstm(1, gym.spaces.Discrete(6)).use_channels_last()
     acting = layer_inputs(model, batch)
-    # The rollout's frames (--num-steps x the envs) in chunks of at most BACKWARD_CHUNK: a
-    # K=1 rollout's backward is one call of 20 frames.
+    # The rollout's frames (main.py's default --num-steps x the envs) in chunks of at most
+    # BACKWARD_CHUNK: a K=1 rollout's backward is one call of 20 frames.
     chunk = layer_inputs(model, min(BACKWARD_CHUNK, TrainConfig().num_steps * batch))
     rows = []
     for i, conv in enumerate(model.convs()):

@@ -135,7 +135,11 @@ def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, float] | Non
     if len(steady) < 2:
         return None
     (e0, s0, f0), (e1, s1, f1) = steady[0], steady[-1]
-    seconds = s1 - s0 if s0 is not None and s1 is not None else float(e1 - e0)
+    seconds = float(e1 - e0)
+    # The stamps' local clock, where it agrees with the elapsed seconds (it does not across a
+    # daylight-saving change or a clock step).
+    if s0 is not None and s1 is not None and abs(s1 - s0 - seconds) <= 1.5:
+        seconds = s1 - s0
     return (f1 - f0) / max(seconds, 1.0), round(seconds, 3)
 
 

@@ -177,6 +177,9 @@ def test_frames_per_s_is_read_before_the_shutdown():
     # The window is timed by the time stamps (to the millisecond), not the whole seconds.
     stamped = [line.replace("07:00:30,000", "07:00:30,500") for line in lines]
     assert bench_training.steady_frames_per_s("".join(stamped), warmup=8) == (2_000 / 20.5, 20.5)
+    # A clock put back an hour (daylight saving) in the window: the elapsed seconds decide.
+    back = [line.replace("07:00:30,000", "06:00:30,500") for line in lines]
+    assert bench_training.steady_frames_per_s("".join(back), warmup=8) == (100.0, 20)
 
 
 @pytest.mark.slow

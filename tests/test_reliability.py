@@ -303,36 +303,43 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
 def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp_path, caplog):
     from gym_eval import training_record
 
-    early, late, other = (tmp_path / name for name in ("early.dat", "Game.dat", "other.dat"))
-    for path, content in ((early, b"weights at 100"), (late, b"at 300"), (other, b"another")):
-        path.write_bytes(content)
-    first = {
-        "command": "python main.py --first",
-        "finished": {"frames": 100, "seconds": 60.0, "weights_sha256": {"G.dat": ""}},
-    }
-    first["finished"]["weights_sha256"]["G.dat"] = file_sha256(early)
-    record = {
-        "command": "python main.py --first --load",
-        "resumed_from": "state.pt",
-        "finished": {"frames": 300, "seconds": 150.0, "weights_sha256": {"G.dat": "x"}},
-        "previous_runs": [first],
-    }
-    record["finished"]["weights_sha256"]["G_last.dat"] = file_sha256(late)
+    files = {name: tmp_path / name for name in ("early.dat", "late.dat", "state.pt", "other")}
+    for name, path in files.items():
+        path.write_bytes(name.encode())
+    digest = {name: file_sha256(path) for name, path in files.items()}
+
+    def sitting(frames: int, *left: str, resumed: bool = True) -> dict:
+        finished = {"frames": frames, "seconds": frames / 10, "weights_sha256": {}}
+        finished["weights_sha256"] = {f"G{i}": digest[name] for i, name in enumerate(left)}
+        return {
+            "command": f"python main.py --at {frames}",
+            "finished": finished,
+            **({"resumed_from": "state.pt"} if resumed else {}),
+        }
+
+    # --save-max: <env>.dat (early.dat) stayed the same over the second and third sittings.
+    first = sitting(100, "early.dat", resumed=False)
+    second = sitting(200, "early.dat", "state.pt")
+    record = {**sitting(300, "early.dat", "late.dat"), "previous_runs": [first, second]}
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "Game_run.json").write_text(json.dumps(record))
-    assert training_record(str(logs), late)["frames"] == 300  # the whole run's
-    (logs / "early_run.json").write_text(json.dumps(record))
-    at_first = training_record(str(logs), early)  # an earlier sitting's weights
-    assert (at_first["frames"], at_first["commands"]) == (100, ["python main.py --first"])
-    (logs / "other_run.json").write_text(json.dumps(record))  # copied beside other weights
+
+    def credited(name: str, record: dict, log=None) -> dict | None:
+        (logs / f"{Path(name).stem}_run.json").write_text(json.dumps(record))
+        return training_record(str(logs), files[name], log)
+
+    assert credited("late.dat", record)["frames"] == 300  # the whole run's
+    early = credited("early.dat", record)  # the sitting that wrote it, not a later one
+    assert (early["frames"], early["commands"]) == (100, ["python main.py --at 100"])
+    assert credited("state.pt", record)["frames"] == 200  # a training state too
     log = logging.getLogger("test.training_record")
     with caplog.at_level("WARNING", logger=log.name):
-        assert training_record(str(logs), other, log) is None
-    assert (
-        "other_run.json is the record of other weights (no sitting of its run left" in caplog.text
-    )
-    assert "with other.dat's SHA-256); the summary's training entry is left empty" in caplog.text
+        assert credited("other", record, log) is None  # a record copied beside other weights
+    assert "other_run.json is the record of other weights (no sitting of its run" in caplog.text
+    assert "with other's SHA-256); the summary's training entry is left empty" in caplog.text
+    # A sitting still running (or killed) has named nothing yet: the weights may be its own.
+    going = {"command": "python main.py --load", "previous_runs": [first, second]}
+    assert credited("other", going)["frames"] == 200  # up to the last finished, as before
 
 
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
@@ -480,13 +487,23 @@ def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_say
         resumed = prepare(parse_train_args([*PONG_SMALL, *elsewhere, *load]))
     assert (
         f"resume: the earlier sittings logged to {tmp_path / 'logs'}; this sitting's log "
-        f"{tmp_path / 'l2' / f'{PONG}_log'} starts without their test games" in caplog.text
+        f"{tmp_path / 'l2' / f'{PONG}_log'} starts without their test games (copy "
+        f"{PONG}_log from there first for one curve); the run record takes theirs from there"
+    ) in caplog.text
+    # The new folder holds another run's record: neither chained in nor written over.
+    foreign = {"config": {"tensorboard_dir": "l2/runs/Other_1"}, "finished": {"frames": 9}}
+    resumed.paths.record.write_text(json.dumps(foreign))
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        resumed.open_record()
+    assert f"{resumed.paths.record} is the record of another run (TensorBoard folder Other_1" in (
+        caplog.text
     )
-    resumed.open_record()
     record = json.loads(resumed.paths.record.read_text())
     (earlier,) = record["previous_runs"]
     assert earlier["finished"]["steps"] == 1500  # read from the earlier --log-dir, left there
     assert json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text()) == earlier
+    kept = resumed.paths.record.with_name(f"{PONG}_run.json.another_run")
+    assert json.loads(kept.read_text()) == foreign
 
 
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
@@ -544,8 +561,8 @@ def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_pat
     assert (tmp_path / "models" / f"{PONG}_state.pt").exists()
     assert all(proc.exitcode is not None for proc in launcher.processes.values())
     # The record names the weights the run left, for evaluations to tell them from others.
-    dat = tmp_path / "models" / f"{PONG}.dat"
-    assert record["finished"]["weights_sha256"] == {dat.name: file_sha256(dat)}
+    left = [tmp_path / "models" / f"{PONG}{end}" for end in (".dat", "_state.pt")]
+    assert record["finished"]["weights_sha256"] == {path.name: file_sha256(path) for path in left}
 
 
 def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_path, caplog):

@@ -211,10 +211,20 @@ def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_p
     other.write_text(_block("r2", 0, load=False) + _game(5, 4.0, 500))  # a fresh run
     games = parse_sittings([first, resumed])
     assert [(g.steps, g.reward) for g in games] == [(1000, 1.0), (2500, 3.0)]
+    # A run started in the log after the last game (its first game not yet played) is not
+    # the run the log's games are of.
+    first.write_text(first.read_text() + _block("r9", 0, load=False))
+    assert parse_sittings([first, resumed]) == games
+    older = tmp_path / "d_log"  # written before logs said steps_at_start
+    older.write_text(_block("r0", load=False) + _game(10, 1.0, 1000))
+    later = tmp_path / "e_log"  # another fresh run, whose counts happen to be higher
+    later.write_text(_block("r3", 0, load=False) + _game(50, 5.0, 9000))
     for logs, says in (
         ([first, first], "a_log' starts its run again from step 0; give each log of one run"),
         ([resumed, first], "a_log' starts its run again from step 0"),
+        ([older, older], "d_log' starts its run again from step 0"),
         ([first, other], "c_log' is of another run, started without --load; give each log"),
+        ([first, later], "e_log' is of another run, started without --load"),
     ):
         with pytest.raises(UsageError, match=re.escape(says)):
             parse_sittings(logs)
