@@ -490,11 +490,11 @@ def evaluate(args: EvalConfig) -> dict:
             f"--model {args.model!r} {what}; give the path of a .dat or training-state file"
         )
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
-    check_writable(args.log_dir, "--log-dir")
-    if args.new_gym_eval:
-        check_writable(video_dir, "--video-dir")
-    if args.demo:
-        check_writable(args.demo_dir, "--demo-dir")
+    check_writable(
+        (args.log_dir, "--log-dir"),
+        *([(video_dir, "--video-dir")] if args.new_gym_eval else []),
+        *([(args.demo_dir, "--demo-dir")] if args.demo else []),
+    )
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path, log)  # its warning before the games

@@ -268,8 +268,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         optimizer.share_memory()
 
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
-    check_writable(config.save_model_dir, "--save-model-dir")
-    check_writable(config.log_dir, "--log-dir")
+    check_writable((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
     if paths.model.exists() and not (config.load and loads_own_model):
         log.warning(
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "

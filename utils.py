@@ -388,22 +388,35 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
             )
 
 
-def check_writable(folder: str | Path, flag: str) -> None:
-    """Create `folder` if needed and make sure files can be written there.
+def check_writable(*folders: tuple[str | Path, str]) -> None:
+    """Create each ``(folder, flag)``'s folder if needed and make sure files can be written there.
+
+    A refusal removes the folders this call made for the others: a refused command leaves
+    no folder behind.
 
     Raises:
-        UsageError: it cannot be created or written, naming `flag` and the folder.
+        UsageError: one cannot be created or written, naming its flag and the folder.
     """
-    path = Path(folder)
+    made: list[Path] = []
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise UsageError(
-            f"{flag} {str(folder)!r} is not writable ({err.strerror}); choose a folder you can "
-            "write"
-        ) from None
+        for folder, flag in folders:
+            path = Path(folder)
+            missing = [p for p in (path, *path.parents) if not p.exists()]
+            made.extend(missing)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryFile(dir=path):
+                    pass
+            except OSError as err:
+                raise UsageError(
+                    f"{flag} {str(folder)!r} is not writable ({err.strerror}); choose a folder "
+                    "you can write"
+                ) from None
+    except UsageError:
+        for path in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only if still empty
+        raise
 
 
 def cpu_has_bf16() -> bool:

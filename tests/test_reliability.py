@@ -1173,6 +1173,12 @@ def test_a_refused_command_leaves_no_folder_behind(tmp_path, monkeypatch, capsys
         )  # fmt: skip
         assert code == 2 and message in err and len(err.splitlines()) == 1, err
         assert sorted(p.name for p in tmp_path.iterdir()) == [], flags
+    # The save folder passes, the log folder (a file) does not: the save folder goes too.
+    (tmp_path / "a_file").write_text("")
+    flags = ["--env", PONG, "--hidden-size", "32", "--save-model-dir", str(tmp_path / "m" / "n")]
+    code, err = main_here([*flags, "--log-dir", str(tmp_path / "a_file")], monkeypatch, capsys)
+    assert code == 2 and f"--log-dir {str(tmp_path / 'a_file')!r} is not writable" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 def test_a_bad_training_state_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
