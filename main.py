@@ -299,15 +299,10 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         )
     earlier_logs = earlier_log_dir(resumed, config.log_dir)
     if earlier_logs is not None and not paths.log.exists():
-        taken = (
-            "; the run record takes theirs from there"
-            if (earlier_logs / paths.record.name).exists() and not paths.record.exists()
-            else ""
-        )
         log.warning(
             f"resume: the earlier sittings logged to {earlier_logs}; this sitting's log "
             f"{paths.log} starts without their test games (copy {paths.log.name} from there "
-            f"first for one curve){taken}"
+            "first for one curve)"
         )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -315,8 +316,12 @@ class RunMonitor:
         return None
 
     def _set_aside(self, path: Path, suffix: str) -> str:
-        """Rename `path` to keep it from being written over; say where it went."""
+        """Rename `path` to a free name, to keep it from being written over; say where it went."""
         kept = path.with_name(path.name + suffix)
+        for n in itertools.count(1):
+            if not kept.exists():
+                break
+            kept = path.with_name(f"{path.name}{suffix}.{n}")  # one kept before: keep both
         try:
             os.replace(path, kept)
         except OSError as err:

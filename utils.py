@@ -391,20 +391,22 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
 def check_writable(*folders: tuple[str | Path, str]) -> None:
     """Create each ``(folder, flag)``'s folder if needed and make sure files can be written there.
 
-    A refusal removes the folders this call made for the others: a refused command leaves
-    no folder behind.
+    A refusal removes the folders this call made for the others (only those: each level is
+    made on its own, so one another process made meanwhile is not taken for ours): a refused
+    command leaves no folder behind.
 
     Raises:
         UsageError: one cannot be created or written, naming its flag and the folder.
     """
-    made: list[Path] = []
+    made: list[Path] = []  # in the order made
     try:
         for folder, flag in folders:
-            path = Path(folder)
-            missing = [p for p in (path, *path.parents) if not p.exists()]
-            made.extend(missing)
+            path = Path(folder).absolute()
             try:
-                path.mkdir(parents=True, exist_ok=True)
+                for level in reversed([path, *path.parents]):  # outermost first
+                    with contextlib.suppress(FileExistsError):
+                        level.mkdir()
+                        made.append(level)
                 with tempfile.TemporaryFile(dir=path):
                     pass
             except OSError as err:
@@ -413,9 +415,9 @@ def check_writable(*folders: tuple[str | Path, str]) -> None:
                     "you can write"
                 ) from None
     except UsageError:
-        for path in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        for level in reversed(made):  # innermost first
             with contextlib.suppress(OSError):
-                path.rmdir()  # only if still empty
+                level.rmdir()  # only if still empty
         raise
 
 

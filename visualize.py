@@ -182,8 +182,14 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
         if games and sitting and before is not None:
             order = "give each log of one run once, in the order they were written"
             if start.run and start.run == before.run:  # resumed from the run's training state
-                if start.loaded is False or start.steps_at_start == 0:
-                    raise UsageError(f"log {str(path)!r} starts its run again from step 0; {order}")
+                here, there = start.steps_at_start, before.steps_at_start
+                if (
+                    start.loaded is False  # the run's first sitting: given twice, or out of order
+                    or here == 0
+                    or (here is not None and there is not None and here < there)
+                    or (here is None and _count(sitting[0]) <= _count(games[-1]))  # older logs
+                ):
+                    raise UsageError(f"log {str(path)!r} starts its run again; {order}")
                 if start.steps_at_start is not None:
                     games = [g for g in games if g.steps is None or g.steps <= start.steps_at_start]
             elif start.loaded is False:
@@ -202,8 +208,9 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
                     )
                     for g in sitting
                 ]
-        games.extend(sitting)
-        before = start
+        if sitting:  # a log with no game yet says nothing of the run the next one goes on
+            games.extend(sitting)
+            before = start
     return games
 
 

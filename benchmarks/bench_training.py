@@ -136,8 +136,8 @@ def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, float] | Non
         return None
     (e0, s0, f0), (e1, s1, f1) = steady[0], steady[-1]
     seconds = float(e1 - e0)
-    # The stamps' local clock, where it agrees with the elapsed seconds (it does not across a
-    # daylight-saving change or a clock step).
+    # The stamps, where they agree with the elapsed seconds: local times, they do not across
+    # the hour repeated when daylight saving ends.
     if s0 is not None and s1 is not None and abs(s1 - s0 - seconds) <= 1.5:
         seconds = s1 - s0
     return (f1 - f0) / max(seconds, 1.0), round(seconds, 3)

@@ -488,7 +488,7 @@ def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_say
     assert (
         f"resume: the earlier sittings logged to {tmp_path / 'logs'}; this sitting's log "
         f"{tmp_path / 'l2' / f'{PONG}_log'} starts without their test games (copy "
-        f"{PONG}_log from there first for one curve); the run record takes theirs from there"
+        f"{PONG}_log from there first for one curve)"
     ) in caplog.text
     # The new folder holds another run's record: neither chained in nor written over.
     foreign = {"config": {"tensorboard_dir": "l2/runs/Other_1"}, "finished": {"frames": 9}}
@@ -504,6 +504,12 @@ def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_say
     assert json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text()) == earlier
     kept = resumed.paths.record.with_name(f"{PONG}_run.json.another_run")
     assert json.loads(kept.read_text()) == foreign
+    # Once more: the one kept before is not written over.
+    resumed.paths.record.write_text(json.dumps({**foreign, "finished": {"frames": 10}}))
+    resumed.monitor.record = {}
+    resumed.open_record()
+    assert json.loads(kept.read_text()) == foreign
+    assert json.loads(kept.with_name(kept.name + ".1").read_text())["finished"]["frames"] == 10
 
 
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(

@@ -217,12 +217,25 @@ def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_p
     assert parse_sittings([first, resumed]) == games
     older = tmp_path / "d_log"  # written before logs said steps_at_start
     older.write_text(_block("r0", load=False) + _game(10, 1.0, 1000))
+    # resumed with --load, from a log written before logs said steps_at_start
+    resumed_old = tmp_path / "f_log"
+    resumed_old.write_text(_block("r1", load=True) + _game(40, 4.0, 3000))
+    # a sitting killed before its first game says nothing: the next one still drops 2,000
+    empty = tmp_path / "g_log"
+    empty.write_text(_block("r1", 1800, load=True))
+    assert parse_sittings([first, empty, resumed]) == games
+    again = tmp_path / "h_log"  # resumed once more, after b_log's sitting
+    again.write_text(_block("r1", 2600, load=True) + _game(50, 5.0, 2700))
+    assert [g.steps for g in parse_sittings([first, resumed, again])] == [1000, 2500, 2700]
+    assert parse_sittings([first, resumed, resumed]) == games  # known steps: taken once
     later = tmp_path / "e_log"  # another fresh run, whose counts happen to be higher
     later.write_text(_block("r3", 0, load=False) + _game(50, 5.0, 9000))
     for logs, says in (
-        ([first, first], "a_log' starts its run again from step 0; give each log of one run"),
-        ([resumed, first], "a_log' starts its run again from step 0"),
-        ([older, older], "d_log' starts its run again from step 0"),
+        ([first, first], "a_log' starts its run again; give each log of one run once, in"),
+        ([resumed, first], "a_log' starts its run again"),
+        ([older, older], "d_log' starts its run again"),
+        ([first, resumed_old, resumed_old], "f_log' starts its run again"),
+        ([first, again, resumed], "b_log' starts its run again"),  # sittings out of order
         ([first, other], "c_log' is of another run, started without --load; give each log"),
         ([first, later], "e_log' is of another run, started without --load"),
     ):
