@@ -315,7 +315,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     )
     return Launcher(
         config, paths, env_conf, shared_model, optimizer, observation_space.shape,
-        tensorboard_dir, resumed, part=part,
+        tensorboard_dir, resumed, part=part, earlier_logs=earlier_logs,
     )  # fmt: skip
 
 
@@ -375,6 +375,7 @@ class Launcher:
         resumed: TrainingState | None = None,
         part: str = "all",
         extra_slots: int = 0,
+        earlier_logs: Path | None = None,
     ):
         """Hold what the children get; nothing starts and no file is written until `run`.
 
@@ -390,6 +391,8 @@ class Launcher:
             part: which processes to run (`PARTS`).
             extra_slots: step-counter slots beyond the workers' (a cluster node writes the
                 other nodes' steps there, so its workers see the cluster's total).
+            earlier_logs: the resumed sittings' ``--log-dir``, where it is another
+                (`earlier_log_dir`): the run record goes on from theirs.
         """
         if part not in PARTS:
             raise ValueError(f"expected part in {PARTS}, got {part!r}")
@@ -403,6 +406,7 @@ class Launcher:
         self.optimizer = optimizer
         self.tensorboard_dir = tensorboard_dir
         self.resumed = resumed
+        self.earlier_logs = earlier_logs
         self.log = logging.getLogger("a3g.main")
         self.stop_reason = ""
         self.failed = False
@@ -714,8 +718,8 @@ class Launcher:
                 if self.config.load and self.resumed is None
                 else None,
                 earlier_record=None
-                if (earlier := earlier_log_dir(self.resumed, self.config.log_dir)) is None
-                else earlier / self.paths.record.name,
+                if self.earlier_logs is None
+                else self.earlier_logs / self.paths.record.name,
             )
         except OSError as err:
             raise UsageError(

@@ -182,13 +182,7 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
         if games and sitting and before is not None:
             order = "give each log of one run once, in the order they were written"
             if start.run and start.run == before.run:  # resumed from the run's training state
-                here, there = start.steps_at_start, before.steps_at_start
-                if (
-                    start.loaded is False  # the run's first sitting: given twice, or out of order
-                    or here == 0
-                    or (here is not None and there is not None and here < there)
-                    or (here is None and _count(sitting[0]) <= _count(games[-1]))  # older logs
-                ):
+                if _starts_again(start, before, sitting[0], games[-1]):
                     raise UsageError(f"log {str(path)!r} starts its run again; {order}")
                 if start.steps_at_start is not None:
                     games = [g for g in games if g.steps is None or g.steps <= start.steps_at_start]
@@ -212,6 +206,23 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
             games.extend(sitting)
             before = start
     return games
+
+
+def _starts_again(start: LogStart, before: LogStart, first: TestGame, last: TestGame) -> bool:
+    """Whether a sitting of the run `before` logged cannot come after it.
+
+    Args:
+        start: the sitting's log start (same run id as `before`).
+        before: the log start of the sitting given before it.
+        first: the sitting's first test game.
+        last: the last test game taken so far.
+    """
+    here, there = start.steps_at_start, before.steps_at_start
+    if start.loaded is False or here == 0:  # the run's first sitting: given twice, or out of order
+        return True
+    if here is not None and there is not None:
+        return here < there
+    return here is None and _count(first) <= _count(last)  # older logs: by their counts
 
 
 def _count(game: TestGame) -> float:
