@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
+_INTERRUPTED_WHILE_IMPORTING: list[int] = []
+if __name__ == "__main__":  # a Ctrl-C in the second or two the imports below take is noted,
+    # not raised inside them (where it could be lost, or leave numpy half-loaded)
+    signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
+
 import json
 import logging
 import multiprocessing as mp
 import os
 import queue
 import shlex
-import signal
 import statistics
-import sys
 import time
 import traceback
 from collections import Counter
@@ -644,4 +650,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _INTERRUPTED_WHILE_IMPORTING:
+        print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
+        sys.exit(130)
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # all is saved: a Ctrl-C now would only
+    sys.exit(code)  # interrupt Python's exit handlers with a traceback

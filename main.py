@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
+_INTERRUPTED_WHILE_IMPORTING: list[int] = []
+if __name__ == "__main__":  # a Ctrl-C in the second or two the imports below take is noted,
+    # not raised inside them (where it could be lost, or leave numpy half-loaded)
+    signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
+
 import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -821,4 +827,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _INTERRUPTED_WHILE_IMPORTING:
+        print("main.py: stopped before training started", file=sys.stderr)
+        sys.exit(130)
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # all is saved: a Ctrl-C now would only
+    sys.exit(code)  # interrupt Python's exit handlers with a traceback

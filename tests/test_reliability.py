@@ -539,6 +539,45 @@ def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, m
     assert (code, err) == (130, "main.py: stopped before training started\n")
 
 
+# Runs the script as `python <script>` does, with a Ctrl-C sent the moment its `import torch`
+# begins (inside the imports, where Python would raise KeyboardInterrupt mid-import).
+CTRL_C_IN_TORCH_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlCAtTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.argv = sys.argv[1:]
+sys.meta_path.insert(0, CtrlCAtTorch())
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("main.py", "main.py: stopped before training started"),
+        ("gym_eval.py", "gym_eval.py: interrupted; no summary saved"),
+    ],
+)
+def test_a_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path, script, message):
+    flags = (
+        [*PONG_SMALL, *folders(tmp_path)]
+        if script == "main.py"
+        else ["--env", PONG, "--num-episodes", "1", "--log-dir", str(tmp_path / "logs")]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_TORCH_IMPORT, script, *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (result.returncode, result.stderr) == (130, message + "\n"), result.stderr
+    assert not (tmp_path / "models").exists() and not (tmp_path / "logs").exists()
+
+
 def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tmp_path):
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     launcher.stop_reason = "--max-steps 100 reached"  # its files are being saved
