@@ -44,9 +44,11 @@ from model import build_model
 from monitor import counted_sittings, run_totals, up_to_weights
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
 from utils import (
+    INTERRUPTED_EXIT,
     UsageError,
     check_gpus,
     check_writable,
+    run_script,
     setup_logger,
     sigint_ignored,
     worker_device,
@@ -605,10 +607,6 @@ def evaluate(args: EvalConfig) -> dict:
     return summary
 
 
-INTERRUPTED_EXIT = 130
-"""Exit code after Ctrl-C (128 + SIGINT, what a shell reports for a process it interrupted)."""
-
-
 def summarised_model(json_path: Path) -> str | None:
     """The model an existing evaluation summary at `json_path` played, if there is one."""
     try:
@@ -650,10 +648,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _INTERRUPTED_WHILE_IMPORTING:
-        print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
-        sys.exit(130)
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # all is saved: a Ctrl-C now would only
-    sys.exit(code)  # interrupt Python's exit handlers with a traceback
+    run_script(main, _INTERRUPTED_WHILE_IMPORTING, "gym_eval.py: interrupted; no summary saved")

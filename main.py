@@ -42,6 +42,7 @@ from test import test
 from train import train
 from utils import (
     FATAL_EXIT,
+    INTERRUPTED_EXIT,
     ProcessContext,
     ReportChannels,
     UsageError,
@@ -50,6 +51,7 @@ from utils import (
     check_writable,
     count_of,
     format_elapsed,
+    run_script,
     sigint_ignored,
 )
 from visualize import plot_curve
@@ -822,15 +824,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
         print("main.py: stopped before training started", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
     return launcher.run()
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _INTERRUPTED_WHILE_IMPORTING:
-        print("main.py: stopped before training started", file=sys.stderr)
-        sys.exit(130)
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # all is saved: a Ctrl-C now would only
-    sys.exit(code)  # interrupt Python's exit handlers with a traceback
+    run_script(main, _INTERRUPTED_WHILE_IMPORTING, "main.py: stopped before training started")

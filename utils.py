@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from pathlib import Path
@@ -41,6 +41,29 @@ class OneLineParser(argparse.ArgumentParser):
 
 FATAL_EXIT = 3
 """Exit code of a child that failed with `FatalRunError` or `UsageError` (not restarted)."""
+
+INTERRUPTED_EXIT = 130
+"""Exit code after Ctrl-C (128 + SIGINT, what a shell reports for a process it interrupted)."""
+
+
+def run_script(main: Callable[[], int], interrupted: list[int], message: str) -> NoReturn:
+    """Exit with `main`'s code, as ``python <script>`` ends.
+
+    Args:
+        main: the script's entry point.
+        interrupted: the SIGINTs the script noted while it imported (its handler is set
+            before its imports: raised inside torch's, a Ctrl-C could be lost or leave numpy
+            half-loaded). Any: `message` and `INTERRUPTED_EXIT`, before `main` runs.
+        message: the one line a Ctrl-C before the start prints.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:
+        print(message, file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    code = main()
+    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 # ----------------------------------------------------------------------------------------------
