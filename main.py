@@ -107,13 +107,15 @@ def resume_from(
     if config.max_steps and state.steps >= config.max_steps:
         raise UsageError(
             f"training state {where!r} is at step {state.steps:,}, at or past --max-steps "
-            f"{config.max_steps}: give a larger --max-steps (or 0, no limit) to train on"
+            f"{config.max_steps}: give a larger --max-steps"
+            f"{'' if config.lr_schedule == 'linear' else ' (or 0, no limit)'} to train on"
         )
     compared = (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad"))
     if saved.get("optimizer") != "Adam":  # --amsgrad is Adam's: RMSprop's states ignored it
         compared = compared[:1]
     for flag, key in compared:
-        if optimizer is not None and key in saved and saved[key] != getattr(config, key):
+        restored = optimizer is not None and state.optimizer is not None  # else start afresh
+        if restored and key in saved and saved[key] != getattr(config, key):
             raise UsageError(
                 f"training state {where!r} was saved with {flag} {saved[key]}, this run has "
                 f"{getattr(config, key)}: resume with the same {flag}"

@@ -673,6 +673,19 @@ def test_an_rmsprop_state_saved_with_amsgrad_still_resumes(tmp_path):
     assert prepare(parse_train_args([*flags, *load])).resumed is not None
 
 
+def test_a_state_without_optimizer_statistics_resumes_with_another_optimizer(tmp_path, caplog):
+    """Nothing of the saved optimizer is restored (--no-shared-optimizer, or a cluster run)."""
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    prepare(
+        parse_train_args([*flags, "--no-shared-optimizer", "--optimizer", "RMSprop"])
+    ).save_state()
+    assert TrainingState.load(tmp_path / "models" / f"{PONG}_state.pt").optimizer is None
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    with caplog.at_level("INFO", logger="a3g.main"):
+        assert prepare(parse_train_args([*flags, *load, "--amsgrad"])).resumed is not None
+    assert "optimizer statistics start afresh (the state holds none" in caplog.text
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"previous_runs": 3}'])
 def test_a_resume_keeps_an_unreadable_run_record_aside_and_says_so(tmp_path, caplog, content):
     flags = [*PONG_SMALL, *folders(tmp_path)]
@@ -1246,7 +1259,9 @@ def test_a_bad_training_state_is_refused_in_one_line(tmp_path, monkeypatch, caps
         elif name == "other-env":
             torch.save({"format": 1, "config": {"env": "BreakoutNoFrameskip-v4"}}, path)
         else:
-            torch.save({"format": 1, "config": {"env": PONG, "optimizer": "RMSprop"}}, path)
+            statistics = {"state": {}, "param_groups": []}  # the refusal comes before them
+            config = {"env": PONG, "optimizer": "RMSprop"}
+            torch.save({"format": 1, "config": config, "optimizer": statistics}, path)
         code, err = main_here(
             ["--env", PONG, "--hidden-size", "32", "--load", "--load-model-dir", str(folder),
              *folders(tmp_path)], monkeypatch, capsys, through_cli=name == "truncated",
