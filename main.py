@@ -302,6 +302,12 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"--save-max: the score behind {paths.model} is not known ({why}), so the first "
             "test game's weights replace it; copy it elsewhere to keep it"
         )
+    elif not config.save_max and resumed is not None and resumed.dat_score is not None:
+        log.warning(
+            f"{paths.model} holds the best test game's weights so far (a score of "
+            f"{resumed.dat_score:g}, --save-max) and without --save-max every test game writes "
+            "over it; add --save-max to keep the best, or copy it elsewhere"
+        )
     if paths.record.exists() and not config.load:
         log.warning(
             f"{paths.record} holds an earlier run's record and this run will write over it "

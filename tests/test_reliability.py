@@ -1016,6 +1016,11 @@ def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_pa
     again = prepare(parse_train_args([*flags, *load]))
     assert again.monitor.dat_score == -1.0 and again.monitor.best == 5.0
     assert again.process_target(Child(None), again.ctx)[1][-2] == -1.0
+    # Resumed without --save-max: every test game will write over the best weights; said.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*flags, *load[:-1]]))
+    assert "holds the best test game's weights so far (a score of -1, --save-max)" in caplog.text
     # Loaded from that folder into another, whose .dat is not the one the score was of.
     elsewhere = prepare(
         parse_train_args([*PONG_SMALL, *folders(tmp_path / "new"), *load])
