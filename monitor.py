@@ -257,7 +257,7 @@ class RunMonitor:
         if resumed_from is not None:
             previous = self._this_runs_record(earlier_record)
         elif weights_from is not None and Path(self.record_path).exists():
-            previous = self._earlier_record(Path(self.record_path))  # copied here by the user
+            previous = self._record_of_weights(Path(weights_from))  # copied here by the user
         if previous is not None:
             history = previous.pop("previous_runs", None) or []
             record["previous_runs"] = [*history, previous]
@@ -289,6 +289,37 @@ class RunMonitor:
                     f"is {run}); {where}"
                 )
         return None
+
+    def _record_of_weights(self, weights: Path) -> dict[str, Any] | None:
+        """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).
+
+        A run started from a ``.dat`` alone goes on from the record found here (copied over
+        with the file, from another machine), but only from the sittings behind those
+        weights: a record that names other weights (another run's) is kept aside, not
+        chained in; one whose later sittings trained on past them is chained up to the
+        sitting that wrote them, the whole file kept aside (both said).
+        """
+        own = Path(self.record_path)
+        previous = self._earlier_record(own)
+        if previous is None:
+            return None
+        lineage = up_to_weights(previous, file_sha256(weights))
+        if lineage is None:
+            where = self._set_aside(own, ".another_run")
+            self.log.warning(
+                f"{own} is the record of other weights (no sitting in it left {weights}), so "
+                f"this run's record starts afresh; {where}"
+            )
+            return None
+        later = len(counted_sittings(previous)) - len(counted_sittings(lineage))
+        if later:
+            where = self._set_aside(own, ".whole")
+            self.log.warning(
+                f"{own}: {weights} is of its sitting {len(counted_sittings(lineage))}, so this "
+                f"run's record goes on from there without the {later} later sitting(s) (their "
+                f"training is not in those weights); {where}"
+            )
+        return lineage
 
     def _earlier_record(self, path: Path) -> dict[str, Any] | None:
         """The sittings so far, or None if unfit (said; this run's own file is kept aside)."""

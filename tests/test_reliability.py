@@ -726,6 +726,48 @@ def test_load_without_a_training_state_loads_the_weights_alone_and_says_so(tmp_p
     assert totals["frames"] == 1000 + record["finished"]["frames"] and totals["restarts"] == 1
 
 
+def test_a_dat_alone_goes_on_only_from_the_sittings_behind_its_bytes(tmp_path, caplog):
+    """The record beside a .dat loaded alone is chained up to the sitting that wrote it."""
+    (tmp_path / "in").mkdir()
+    dat = tmp_path / "in" / f"{PONG}.dat"
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), dat)
+    digest = file_sha256(dat)
+    record = tmp_path / "logs" / f"{PONG}_run.json"
+    load = [*PONG_SMALL, "--load", "--load-model-dir", str(tmp_path / "in"), *folders(tmp_path)]
+
+    def sitting(n: int, weights: str) -> dict:
+        return {
+            "command": f"python main.py --{n}",
+            "finished": {
+                "frames": 1000 * n,
+                "seconds": 9.0,
+                "weights_sha256": {f"{PONG}_last.dat": weights},
+            },
+        }
+
+    def started(before: dict) -> dict:
+        record.parent.mkdir(exist_ok=True)
+        record.write_text(json.dumps(before))
+        launcher = prepare(parse_train_args(load))
+        with caplog.at_level("WARNING"):
+            launcher.open_record()
+        return json.loads(record.read_text())
+
+    # Written by the first of two sittings: the second trained past them, so it is left out.
+    two = {**sitting(2, "b" * 64), "previous_runs": [sitting(1, digest)]}
+    assert started(two)["previous_runs"] == [sitting(1, digest)]
+    assert json.loads((record.parent / f"{record.name}.whole").read_text()) == two
+    assert "is of its sitting 1, so this run's record goes on from there without the 1" in (
+        caplog.text
+    )
+    # Another run's record (no sitting left these bytes): kept aside, not chained in.
+    caplog.clear()
+    other = sitting(1, "c" * 64)
+    assert "previous_runs" not in started(other)
+    assert json.loads((record.parent / f"{record.name}.another_run").read_text()) == other
+    assert f"is the record of other weights (no sitting in it left {dat})" in caplog.text
+
+
 # -- a killed launcher -----------------------------------------------------------------------------
 
 
