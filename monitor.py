@@ -105,8 +105,10 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
     weights only. The record itself where no sitting names its weights (records written
     before 2026-11-28) or where the last sitting has not finished (still running, or killed:
-    the weights on disk may be its own, which it has not named yet). None where every sitting
-    finished and none left `digest`: other weights.
+    the weights on disk may be its own, which it has not named yet). Weights no sitting names
+    in a record whose first sittings name none (written before 2026-11-28, the later ones
+    after) may be theirs: the record up to the last of those. None where every sitting
+    finished and none could have left `digest`: other weights.
     """
     sittings = counted_sittings(record)
     named = [
@@ -121,7 +123,10 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     for i, digests in named:
         if digest in digests.values():
             return {**sittings[i], "previous_runs": sittings[:i]}
-    return None if has_finished(record) else record
+    if not has_finished(record):
+        return record
+    unnamed = [i for i in range(named[0][0]) if has_finished(sittings[i])]
+    return {**sittings[unnamed[-1]], "previous_runs": sittings[: unnamed[-1]]} if unnamed else None
 
 
 def run_totals(record: dict[str, Any]) -> dict[str, Any]:

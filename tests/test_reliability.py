@@ -340,6 +340,11 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     # A sitting still running (or killed) has named nothing yet: the weights may be its own.
     going = {"command": "python main.py --load", "previous_runs": [first, second]}
     assert credited("other", going)["frames"] == 200  # up to the last finished, as before
+    # Sittings of a version that named no files, then of one that does: the weights no
+    # sitting names may be the older sittings', credited with those.
+    older = {"command": "python main.py --old", "finished": {"frames": 50, "seconds": 5.0}}
+    mixed = {**sitting(300, "late.dat"), "previous_runs": [older, second]}
+    assert credited("other", mixed)["commands"] == ["python main.py --old"]
 
 
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
