@@ -88,7 +88,7 @@ FP16_MAX = float(np.finfo(np.float16).max)
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
-    """The model's parameters as one float32 vector (state_dict order), a copy."""
+    """The model's parameters as one float32 vector (`parameters()` order), a copy."""
     with torch.no_grad():
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
@@ -248,7 +248,8 @@ class StatisticsSync:
     ``current = decay**k * snapshot + new``: it pushes `new` and ``decay**k``, and the server
     applies them to the cluster's averages the same way (``avg = decay**k * avg + new``). The
     cluster's averages are then those of one optimizer stepped by every node's workers, as
-    one machine's shared optimizer is (exactly so where no other node pushed in between).
+    one machine's shared optimizer is (exactly so where no other node pushed in between and
+    no step of this node's was half done as it was read: Hogwild reads them unlocked).
     Adding ``current - snapshot``, as the weights are added, would decay the cluster's
     averages once per node: n nodes by n times the steps, and below zero past a few nodes.
 
@@ -420,6 +421,8 @@ class ParameterServer:
         if change.shape != self.weights.shape:
             raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
         add_into(self.weights, change)
+        if reports:  # its workers trained, also a replaced launcher's
+            self.reports.extend(reports)
         if generation != self.generations.get(node, 0):
             self.bytes_exchanged += change.nbytes + self.weights.nbytes
             return self.weights, self.total_steps()
@@ -443,8 +446,6 @@ class ParameterServer:
                 count, total = self.recent_round_trips
                 self.recent_round_trips = (count + 1, total + last_round_trip_ms)
             self.timed.add((node, generation))
-        if reports:
-            self.reports.extend(reports)
         if last:
             self.final_answers[node] = weights_digest(answer)
         return answer, self.total_steps()

@@ -357,8 +357,10 @@ def test_a_replaced_launchers_late_exchange_counts_but_leaves_the_new_ones_state
     view = server.views["a"].copy()
     # The replaced launcher's last exchange arrives late: its updates are added, but the
     # node's counts and fp16 view are the new launcher's, and the answer is the weights.
-    answer, total = server.exchange("a", fp16, 99, 9, generation=old)
+    report = {"worker": 0, "policy_loss": 0.5}  # its workers' last training summary
+    answer, total = server.exchange("a", fp16, 99, 9, reports=[report], generation=old)
     assert answer.dtype == np.float32 and np.array_equal(answer, server.weights)
+    assert server.pull()["reports"] == [report]  # for TensorBoard, as any launcher's
     assert np.array_equal(server.views["a"], view)
     assert (server.node_steps["a"], server.node_skipped["a"], total) == (3, 0, 3)
     assert np.allclose(server.weights, start + 3 * 2**-10, rtol=0, atol=1e-7)
