@@ -308,11 +308,6 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"{resumed.dat_score:g}, --save-max) and without --save-max every test game writes "
             "over it; add --save-max to keep the best, or copy it elsewhere"
         )
-    if paths.record.exists() and not config.load:
-        log.warning(
-            f"{paths.record} holds an earlier run's record and this run will write over it "
-            "(its test games stay in the log); another --log-dir keeps it"
-        )
     earlier_logs = earlier_log_dir(resumed, config.log_dir)
     if earlier_logs is not None and not paths.log.exists():
         log.warning(

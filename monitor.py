@@ -263,6 +263,12 @@ class RunMonitor:
             previous = self._this_runs_record(earlier_record)
         elif weights_from is not None and Path(self.record_path).exists():
             previous = self._record_of_weights(Path(weights_from))  # copied here by the user
+        elif Path(self.record_path).exists():  # a run afresh in an earlier run's --log-dir
+            where = self._set_aside(Path(self.record_path), ".earlier_run")
+            self.log.warning(
+                f"{self.record_path} held an earlier run's record (its test games stay in the "
+                f"log); {where}"
+            )
         if previous is not None:
             history = previous.pop("previous_runs", None) or []
             record["previous_runs"] = [*history, previous]

@@ -454,7 +454,17 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
             parse_train_args([*PONG_SMALL, *folders(tmp_path), *load[:2], str(tmp_path / "in")])
         )
     assert caplog.text.count(f"{PONG}.dat exists and this run will write over it") == 2
-    assert caplog.text.count(f"{PONG}_run.json holds an earlier run's record") == 1
+    # The earlier run's record is kept aside, never written over (twice: both kept).
+    record = tmp_path / "logs" / f"{PONG}_run.json"
+    for kept in (f"{record}.earlier_run", f"{record}.earlier_run.1"):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)])).open_record()
+        assert (
+            f"held an earlier run's record (its test games stay in the log); the file is "
+            f"kept as {kept}" in caplog.text
+        )
+    assert json.loads(Path(f"{record}.earlier_run").read_text()) == {}
 
 
 def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
