@@ -315,6 +315,11 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"{paths.log} starts without their test games (copy {paths.log.name} from there "
             "first for one curve)"
         )
+    elif earlier_logs is not None:
+        log.warning(
+            f"resume: the sitting before logged to {earlier_logs}; {paths.log} goes on without "
+            "its test games (give both logs to visualize.py, in the order written, for one curve)"
+        )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
     # --log-dir (the saved path may be relative to another working directory, or another

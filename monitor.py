@@ -279,11 +279,14 @@ class RunMonitor:
         """The record of a run resumed from its state: this ``--log-dir``'s, else `earlier_record`.
 
         Only a record of this run: one naming the same TensorBoard folder (the run's name, which
-        a resume keeps; a record that names none is taken as before). Another run's record here
-        (the folder held one) is kept aside, not chained in nor written over.
+        a resume keeps; a record that names none is taken as before). Where both are, the one
+        with more sittings (this folder's is older where the run went on elsewhere and came
+        back). Another run's record here (the folder held one) is kept aside, not chained in
+        nor written over.
         """
         own = Path(self.record_path)
         run = Path(self.tensorboard_dir).name
+        found = []
         for path in (own, earlier_record):
             if path is None or not path.exists():
                 continue
@@ -292,14 +295,14 @@ class RunMonitor:
                 continue
             named = Path(str((previous.get("config") or {}).get("tensorboard_dir") or "")).name
             if not named or named == run:
-                return previous
-            if path == own:
+                found.append(previous)
+            elif path == own:
                 where = self._set_aside(own, ".another_run")
                 self.log.warning(
                     f"{own} is the record of another run (TensorBoard folder {named}, this run's "
                     f"is {run}); {where}"
                 )
-        return None
+        return max(found, key=lambda record: len(counted_sittings(record)), default=None)
 
     def _record_of_weights(self, weights: Path) -> dict[str, Any] | None:
         """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).

@@ -525,6 +525,22 @@ def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_say
     resumed.open_record()
     assert json.loads(kept.read_text()) == foreign
     assert json.loads(kept.with_name(kept.name + ".1").read_text())["finished"]["frames"] == 10
+    # Back into the first --log-dir, whose record is older: the sittings in between stay.
+    resumed.ctx.steps[0] = 500
+    resumed.save_state()
+    resumed.monitor.close("SIGINT received", 0)
+    back = [*PONG_SMALL, "--save-model-dir", str(tmp_path / "m3"), "--log-dir",
+            str(tmp_path / "logs"), "--load", "--load-model-dir", str(tmp_path / "m2")]  # fmt: skip
+    (tmp_path / "logs" / f"{PONG}_log").write_text("")  # the first sitting's test games
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        again = prepare(parse_train_args(back))
+    assert f"resume: the sitting before logged to {tmp_path / 'l2'}; {again.paths.log} goes on" in (
+        caplog.text
+    )
+    again.open_record()
+    record = json.loads(again.paths.record.read_text())
+    assert [run["finished"]["steps"] for run in record["previous_runs"]] == [1500, 2000]
 
 
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
