@@ -103,9 +103,11 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     The first sitting whose ``weights_sha256`` holds `digest` (the one that wrote those bytes:
     a ``--save-max`` run's ``<env>.dat`` may stay the same over later sittings), with the
     sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
-    weights only. The record itself where no sitting names its weights (records written
-    before 2026-11-28) or where the last sitting has not finished (still running, or killed:
-    the weights on disk may be its own, which it has not named yet). Weights no sitting names
+    weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to the test game that
+    saved it (``finished.saved_at``), not to its end. The record itself where no sitting
+    names its weights (records written before 2026-11-28) or where the last sitting has not
+    finished (still running, or killed: the weights on disk may be its own, which it has not
+    named yet). Weights no sitting names
     in a record whose first sittings name none (written before 2026-11-28, the later ones
     after) may be theirs: the record up to the last of those. None where every sitting
     finished and none could have left `digest`: other weights.
@@ -121,8 +123,13 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     if not named:
         return record
     for i, digests in named:
-        if digest in digests.values():
-            return {**sittings[i], "previous_runs": sittings[:i]}
+        names = [name for name, value in digests.items() if value == digest]
+        if names:
+            sitting = sittings[i]
+            saved_at = [(sitting["finished"].get("saved_at") or {}).get(name) for name in names]
+            if all(isinstance(at, dict) for at in saved_at):  # a --save-max <env>.dat
+                sitting = {**sitting, "finished": {**sitting["finished"], **saved_at[0]}}
+            return {**sitting, "previous_runs": sittings[:i]}
     if not has_finished(record):
         return record
     unnamed = [i for i in range(named[0][0]) if has_finished(sittings[i])]
@@ -199,11 +206,14 @@ class RunMonitor:
         self.ctx = ctx
         self.log = log
         self.record_path = paths.record
+        self.model_name = paths.model.name
         self.tensorboard_dir = tensorboard_dir
         self.interval = config.status_interval
         self.rewards: list[float] = []
         self.best = -math.inf
         self.dat_score: float | None = None  # the score of the weights in <env>.dat
+        # --save-max: when this sitting's test game saved the weights in <env>.dat, if one did
+        self.model_saved_at: dict[str, float] | None = None
         self.worker_normalizers: dict[int, Any] = {}
         self.test_normalizer: Any = None
         self.train_window: list[dict[str, float]] = []
@@ -402,6 +412,11 @@ class RunMonitor:
         self.best = max(self.best, game["reward"])
         if game.get("saved"):  # its weights are <env>.dat now
             self.dat_score = game["reward"]
+            if self.config.save_max:  # kept past this sitting's end: say how far it was
+                seconds = round(time.time() - self.ctx.start_time, 1)
+                self.model_saved_at = {
+                    "steps": game["steps"], "frames": game["frames"], "seconds": seconds
+                }  # fmt: skip
         frames = int(game["frames"])
 
         def write(writer: Any) -> None:
@@ -508,4 +523,6 @@ class RunMonitor:
                 path.name: digest for path in weights if (digest := file_sha256(path)) is not None
             },
         }
+        if self.model_saved_at is not None:  # the training in --save-max's <env>.dat
+            self.record["finished"]["saved_at"] = {self.model_name: self.model_saved_at}
         write_json_atomic(self.record, self.record_path)

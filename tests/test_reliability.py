@@ -332,6 +332,11 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     early = credited("early.dat", record)  # the sitting that wrote it, not a later one
     assert (early["frames"], early["commands"]) == (100, ["python main.py --at 100"])
     assert credited("state.pt", record)["frames"] == 200  # a training state too
+    # --save-max: the sitting's test game that saved <env>.dat says how far it was.
+    saved_at = {"G0": {"steps": 15, "frames": 60, "seconds": 6.0}}
+    first_saved = {**first, "finished": {**first["finished"], "saved_at": saved_at}}
+    early = credited("early.dat", {**record, "previous_runs": [first_saved, second]})
+    assert (early["frames"], early["seconds"]) == (60, 6.0)
     log = logging.getLogger("test.training_record")
     with caplog.at_level("WARNING", logger=log.name):
         assert credited("other", record, log) is None  # a record copied beside other weights
@@ -345,6 +350,20 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     older = {"command": "python main.py --old", "finished": {"frames": 50, "seconds": 5.0}}
     mixed = {**sitting(300, "late.dat"), "previous_runs": [older, second]}
     assert credited("other", mixed)["commands"] == ["python main.py --old"]
+
+
+def test_a_save_max_run_records_when_its_kept_weights_were_saved(tmp_path):
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    launcher.open_record()
+    game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 10, "frames": 40}
+    launcher.monitor.take("test", {**game, "saved": True})
+    launcher.monitor.take("test", {**game, "reward": 1.0, "steps": 20, "frames": 80})
+    launcher.ctx.steps[0] = 30
+    launcher.monitor.close("done", 0)
+    finished = json.loads(launcher.paths.record.read_text())["finished"]
+    (saved_at,) = finished["saved_at"].values()
+    assert (saved_at["steps"], saved_at["frames"], finished["steps"]) == (10, 40, 30)
+    assert list(finished["saved_at"]) == [f"{PONG}.dat"]
 
 
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
