@@ -690,6 +690,18 @@ class Launcher:
         for proc in processes:
             proc.join(max(0.0, deadline - time.monotonic()))
 
+    def weights_left(self) -> set[Path]:
+        """The files of weights this run left, for its record to name (`RunMonitor.close`).
+
+        Under ``--save-max`` only the test games write ``<env>.dat``: it is this run's where
+        its score is known (a game of this sitting or of the sittings resumed saved it), else
+        another's found in the folder (no game saved yet), which the record must not claim.
+        """
+        left = {self.paths.final_model, self.paths.state}
+        if not self.config.save_max or self.monitor.dat_score is not None:
+            left.add(self.paths.model)
+        return left
+
     def write_curve(self) -> None:
         """The training curve PNG beside the log, when the run had test games."""
         if not self.monitor.rewards:
@@ -773,7 +785,7 @@ class Launcher:
             self.monitor.close(
                 self.stop_reason or "done",
                 exit_code,
-                weights=sorted({self.paths.model, self.paths.final_model, self.paths.state}),
+                weights=sorted(self.weights_left()),
             )
         except OSError as err:
             self.log.error(f"could not complete the run record {self.paths.record} ({err})")

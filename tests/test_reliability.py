@@ -660,6 +660,19 @@ def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_pat
     assert record["finished"]["weights_sha256"] == {path.name: file_sha256(path) for path in left}
 
 
+def test_a_save_max_record_names_the_dat_only_once_a_game_of_its_run_saved_it(tmp_path):
+    (tmp_path / "models").mkdir()
+    foreign = tmp_path / "models" / f"{PONG}.dat"  # another run's, found in the folder
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), foreign)
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    assert foreign not in launcher.weights_left()
+    game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 10, "frames": 40}
+    launcher.monitor.take("test", {**game, "saved": True})
+    assert foreign in launcher.weights_left()
+    plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "b")]))
+    assert plain.paths.model in plain.weights_left()  # its shutdown writes it
+
+
 def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_path, caplog):
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     launcher.open_record()
