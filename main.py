@@ -279,6 +279,12 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
 
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
     check_writable((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
+    continued_here = config.load and same_file(paths.load_model.parent, paths.model.parent)
+    if config.save_max and paths.final_model.exists() and not continued_here:
+        log.warning(
+            f"{paths.final_model} exists and this run will write over it at its end; another "
+            "--save-model-dir keeps it"
+        )
     if paths.model.exists() and not (config.load and loads_own_model):
         log.warning(
             f"{paths.model} exists and this run will write over it; --load with --load-model-dir "

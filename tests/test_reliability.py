@@ -473,6 +473,13 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
             parse_train_args([*PONG_SMALL, *folders(tmp_path), *load[:2], str(tmp_path / "in")])
         )
     assert caplog.text.count(f"{PONG}.dat exists and this run will write over it") == 2
+    # --save-max's final weights too, unless the run goes on from that folder.
+    (tmp_path / "models" / f"{PONG}_last.dat").write_bytes(b"")
+    for flags, said in (([], 1), (load, 0)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="a3g.main"):
+            prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *flags, "--save-max"]))
+        assert caplog.text.count(f"{PONG}_last.dat exists and this run will write over it") == said
     # The earlier run's record is kept aside, never written over (twice: both kept).
     record = tmp_path / "logs" / f"{PONG}_run.json"
     for kept in (f"{record}.earlier_run", f"{record}.earlier_run.1"):
