@@ -553,7 +553,6 @@ class GreedyPlayer:
         self.model = model
         self.env = env
         self.device = torch.device(device)
-        self.life = find_wrapper(env, EpisodicLifeEnv)  # only it ends a life short of a game
 
     def _state(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device).unsqueeze(0)
@@ -597,9 +596,12 @@ class GreedyPlayer:
                 if was_real_done(self.env):
                     ending = GAME_OVER if terminated and not truncated else TIME_LIMIT
                     return GameResult(reward, length, ending, since_reward)
-                games = self.life.games
+                # Only it ends a life short of a game; looked up here, as `env` can be swapped
+                # between games (gym_eval.py's window).
+                life = find_wrapper(self.env, EpisodicLifeEnv)
+                games = life.games
                 obs, _ = self.env.reset()  # a lost life: the same game goes on,
-                if self.life.games != games:  # unless the time limit fell in its no-op or FIRE
+                if life.games != games:  # unless the time limit fell in its no-op or FIRE
                     return GameResult(reward, length, TIME_LIMIT, since_reward)
                 state = self._state(obs)
                 hx, cx = self.model.initial_state(1, self.device)

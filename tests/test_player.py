@@ -244,6 +244,7 @@ def test_a_time_limit_in_a_lost_lifes_reset_ends_the_game_there(config):
     from player_util import TIME_LIMIT, GreedyPlayer
 
     model = random_model(breakout(config))
+    player = GreedyPlayer(model, breakout(config))  # gym_eval.py swaps its env between games
     cut_in_reset = 0
     for cap in range(29, 35):  # around the first lost life (its reset takes steps 31-33 here)
         env = breakout(config, max_episode_length=cap)
@@ -255,7 +256,8 @@ def test_a_time_limit_in_a_lost_lifes_reset_ends_the_game_there(config):
             return real_reset(seed=seed, options=options)
 
         env.unwrapped.reset = counted
-        game = GreedyPlayer(model, env).play_game(seed=0)
+        player.env = env
+        game = player.play_game(seed=0)
         assert game.ending == TIME_LIMIT and game.length <= cap, (cap, game)
         cut_in_reset += len(resets) > 1  # the emulator started a second game: the case met
         env.close()
