@@ -301,6 +301,8 @@ class TrainingState:
             ``--save-max`` run's games must match to replace that file (None: not known; a
             run without ``--save-max`` replaces the file every game and at shutdown, so it
             records none).
+        dat_trained: with `dat_score`, how far the run was when those weights were taken
+            (``steps``, ``frames``, ``seconds``), what the run record credits them with.
     """
 
     model: dict[str, torch.Tensor]
@@ -316,6 +318,7 @@ class TrainingState:
     config: dict[str, Any] = field(default_factory=dict)
     saved_at: float = 0.0
     dat_score: float | None = None
+    dat_trained: dict[str, float] | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the state atomically (an OSError leaves the previous file intact)."""
@@ -342,6 +345,7 @@ class TrainingState:
             "config": self.config,
             "saved_at": self.saved_at,
             "dat_score": self.dat_score,
+            "dat_trained": self.dat_trained,
         }
         save_atomic(layout, path)
 
@@ -391,6 +395,7 @@ class TrainingState:
             config=config,
             saved_at=float(raw.get("saved_at", 0.0)),
             dat_score=dat_score,
+            dat_trained=trained if isinstance(trained := raw.get("dat_trained"), dict) else None,
         )
 
 

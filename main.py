@@ -272,14 +272,15 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     loads_own_model = paths.model.exists() and same_file(paths.model, paths.load_model)
     if resumed is not None and not loads_own_model:
         # the state's score of <env>.dat was of the file it loaded, not of this folder's
-        resumed = dataclasses.replace(resumed, dat_score=None)
+        resumed = dataclasses.replace(resumed, dat_score=None, dat_trained=None)
     shared_model.share_memory()
     if optimizer is not None:
         optimizer.share_memory()
 
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
     check_writable((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
-    continued_here = config.load and same_file(paths.load_model.parent, paths.model.parent)
+    # Resumed from this folder's training state: its <env>_last.dat is the run's own.
+    continued_here = resumed is not None and same_file(paths.load_state, paths.state)
     if config.save_max and paths.final_model.exists() and not continued_here:
         log.warning(
             f"{paths.final_model} exists and this run will write over it at its end; another "
@@ -497,6 +498,7 @@ class Launcher:
             # Without --save-max every game replaces <env>.dat: a score saved here would be
             # stale by the next game, and a resume with --save-max would trust it.
             dat_score=self.monitor.dat_score if self.config.save_max else None,
+            dat_trained=self.monitor.dat_trained if self.config.save_max else None,
         )
 
     def save_state(self) -> bool:

@@ -103,11 +103,11 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     The first sitting whose ``weights_sha256`` holds `digest` (the one that wrote those bytes:
     a ``--save-max`` run's ``<env>.dat`` may stay the same over later sittings), with the
     sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
-    weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to the test game that
-    saved it (``finished.saved_at``), not to its end. The record itself where no sitting
-    names its weights (records written before 2026-11-28) or where the last sitting has not
-    finished (still running, or killed: the weights on disk may be its own, which it has not
-    named yet). Weights no sitting names
+    weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to where its weights
+    were taken (``finished.training_in``, set as the sitting's ``counted_to``), not to its
+    end. The record itself where no sitting names its weights (records written before
+    2026-11-28) or where the last sitting has not finished (still running, or killed: the
+    weights on disk may be its own, which it has not named yet). Weights no sitting names
     in a record whose first sittings name none (written before 2026-11-28, the later ones
     after) may be theirs: the record up to the last of those. None where every sitting
     finished and none could have left `digest`: other weights.
@@ -118,17 +118,19 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
         for i, sitting in enumerate(sittings)
         if has_finished(sitting)
         and isinstance(digests := sitting["finished"].get("weights_sha256"), dict)
-        and digests
     ]
     if not named:
         return record
     for i, digests in named:
         names = [name for name, value in digests.items() if value == digest]
         if names:
-            sitting = sittings[i]
-            saved_at = [(sitting["finished"].get("saved_at") or {}).get(name) for name in names]
-            if all(isinstance(at, dict) for at in saved_at):  # a --save-max <env>.dat
-                sitting = {**sitting, "finished": {**sitting["finished"], **saved_at[0]}}
+            sitting = {key: value for key, value in sittings[i].items() if key != "counted_to"}
+            training_in = sitting["finished"].get("training_in")
+            taken = [
+                training_in.get(name) if isinstance(training_in, dict) else None for name in names
+            ]
+            if all(isinstance(at, dict) for at in taken):  # a --save-max <env>.dat
+                sitting["counted_to"] = taken[0]
             return {**sitting, "previous_runs": sittings[:i]}
     if not has_finished(record):
         return record
@@ -156,8 +158,9 @@ def run_totals(record: dict[str, Any]) -> dict[str, Any]:
     for sitting in sittings:
         if sitting.get("resumed_from") is None or not chains:
             chains.append({})
-        if has_finished(sitting):
-            chains[-1] = sitting["finished"]
+        if has_finished(sitting):  # up to where later weights were taken, if they were
+            counted_to = sitting.get("counted_to")
+            chains[-1] = counted_to if isinstance(counted_to, dict) else sitting["finished"]
     done = [chain for chain in chains if chain]
     seconds = [chain["seconds"] for chain in done if chain.get("seconds") is not None]
     return {
@@ -212,8 +215,8 @@ class RunMonitor:
         self.rewards: list[float] = []
         self.best = -math.inf
         self.dat_score: float | None = None  # the score of the weights in <env>.dat
-        # --save-max: when this sitting's test game saved the weights in <env>.dat, if one did
-        self.model_saved_at: dict[str, float] | None = None
+        # --save-max: how far the run was when the weights in <env>.dat were taken
+        self.dat_trained: dict[str, float] | None = None
         self.worker_normalizers: dict[int, Any] = {}
         self.test_normalizer: Any = None
         self.train_window: list[dict[str, float]] = []
@@ -289,15 +292,15 @@ class RunMonitor:
         """The record of a run resumed from its state: this ``--log-dir``'s, else `earlier_record`.
 
         Only a record of this run: one naming the same TensorBoard folder (the run's name, which
-        a resume keeps; a record that names none is taken as before). Where both are, the one
-        with more sittings (this folder's is older where the run went on elsewhere and came
-        back). Another run's record here (the folder held one) is kept aside, not chained in
-        nor written over.
+        a resume keeps; a record that names none is taken as before). Where both are,
+        `earlier_record`: the state's sitting wrote it, so it is the latest (this folder's is
+        older where the run went on elsewhere and came back). Another run's record here (the
+        folder held one) is kept aside, not chained in nor written over.
         """
         own = Path(self.record_path)
         run = Path(self.tensorboard_dir).name
         found = []
-        for path in (own, earlier_record):
+        for path in (earlier_record, own):
             if path is None or not path.exists():
                 continue
             previous = self._earlier_record(path)
@@ -312,7 +315,7 @@ class RunMonitor:
                     f"{own} is the record of another run (TensorBoard folder {named}, this run's "
                     f"is {run}); {where}"
                 )
-        return max(found, key=lambda record: len(counted_sittings(record)), default=None)
+        return found[0] if found else None
 
     def _record_of_weights(self, weights: Path) -> dict[str, Any] | None:
         """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).
@@ -404,6 +407,7 @@ class RunMonitor:
         self.rewards = list(state.test_rewards)
         self.best = max(self.rewards, default=-math.inf)
         self.dat_score = state.dat_score
+        self.dat_trained = state.dat_trained
         self.worker_normalizers = dict(state.worker_normalizers)
         self.test_normalizer = state.test_normalizer
 
@@ -412,11 +416,15 @@ class RunMonitor:
         self.best = max(self.best, game["reward"])
         if game.get("saved"):  # its weights are <env>.dat now
             self.dat_score = game["reward"]
-            if self.config.save_max:  # kept past this sitting's end: say how far it was
-                seconds = round(time.time() - self.ctx.start_time, 1)
-                self.model_saved_at = {
-                    "steps": game["steps"], "frames": game["frames"], "seconds": seconds
+            if self.config.save_max:  # kept past the sitting's end: say how far it was
+                taken = game.get("weights_taken_at") or {
+                    "steps": game["steps"], "seconds": time.time() - self.ctx.start_time
                 }  # fmt: skip
+                self.dat_trained = {
+                    "steps": int(taken["steps"]),
+                    "frames": int(taken["steps"]) * self.frames_per_step,
+                    "seconds": round(float(taken["seconds"]), 1),
+                }
         frames = int(game["frames"])
 
         def write(writer: Any) -> None:
@@ -523,6 +531,6 @@ class RunMonitor:
                 path.name: digest for path in weights if (digest := file_sha256(path)) is not None
             },
         }
-        if self.model_saved_at is not None:  # the training in --save-max's <env>.dat
-            self.record["finished"]["saved_at"] = {self.model_name: self.model_saved_at}
+        if self.dat_trained is not None:  # the training in --save-max's <env>.dat
+            self.record["finished"]["training_in"] = {self.model_name: self.dat_trained}
         write_json_atomic(self.record, self.record_path)

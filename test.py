@@ -78,6 +78,7 @@ def run_test(
     model.eval()
     player = GreedyPlayer(model, env, device)
     model.load_state_dict(shared_model.state_dict())
+    taken = ctx.total_steps(), time.time() - ctx.start_time  # how far the run was then
     load_normalizer_state(env, normalizer)
 
     frames_per = frames_per_step(config.env, config.skip_rate)
@@ -118,6 +119,7 @@ def run_test(
                 "steps": steps,
                 "frames": frames,
                 "saved": saved,
+                "weights_taken_at": {"steps": taken[0], "seconds": round(taken[1], 1)},
                 "normalizer": normalizer_state(env),
             },
         )
@@ -125,6 +127,7 @@ def run_test(
         if ctx.wait(config.test_interval):
             break
         model.load_state_dict(shared_model.state_dict())
+        taken = ctx.total_steps(), time.time() - ctx.start_time
     env.close()
 
 

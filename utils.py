@@ -61,8 +61,9 @@ def run_script(main: Callable[[], int], interrupted: list[int], message: str) ->
         print(message, file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     code = main()
-    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback),
+    # so the first is ignored; a second ends the process at once (an exit handler that hangs).
+    signal.signal(signal.SIGINT, lambda *_: signal.signal(signal.SIGINT, signal.SIG_DFL))
     sys.exit(code)
 
 

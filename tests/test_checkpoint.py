@@ -122,10 +122,11 @@ def test_env_ids_become_safe_file_names(env_id, stem):
 LAYOUT = {
     "format", "model", "optimizer", "steps", "frames", "elapsed", "skipped_updates",
     "test_rewards", "test", "normalizers", "tensorboard_dir", "config", "saved_at",
-    "dat_score",
+    "dat_score", "dat_trained",
 }  # fmt: skip
 """The keys of a state file (format 1): a file written before `TrainingState` has them too
-(but ``dat_score``, added later: `TrainingState.load` infers it for older files)."""
+(but ``dat_score`` and ``dat_trained``, added later: `TrainingState.load` infers the first for
+older files and leaves the second unknown)."""
 
 
 def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
@@ -137,7 +138,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
         worker_normalizers={0: {"kind": "frames", "num_steps": 7}, 1: {"kind": "frames"}},
         test_normalizer={"kind": "frames", "num_steps": 3},
         tensorboard_dir="logs/runs/Pong_1", config={"env": "Pong", "lr": 1e-4}, saved_at=5.0,
-        dat_score=-20.0,
+        dat_score=-20.0, dat_trained={"steps": 100, "frames": 400, "seconds": 30.0},
     )  # fmt: skip
     path = tmp_path / "Pong_state.pt"
     state.save(path)
@@ -154,7 +155,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
     assert loaded.worker_normalizers == state.worker_normalizers  # ranks are ints again
     for name in ("steps", "frames", "elapsed", "skipped_updates", "test_rewards",
                  "test_normalizer", "tensorboard_dir", "config", "saved_at",
-                 "dat_score"):  # fmt: skip
+                 "dat_score", "dat_trained"):  # fmt: skip
         assert getattr(loaded, name) == getattr(state, name), name
 
 

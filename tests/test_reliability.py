@@ -332,11 +332,15 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     early = credited("early.dat", record)  # the sitting that wrote it, not a later one
     assert (early["frames"], early["commands"]) == (100, ["python main.py --at 100"])
     assert credited("state.pt", record)["frames"] == 200  # a training state too
-    # --save-max: the sitting's test game that saved <env>.dat says how far it was.
-    saved_at = {"G0": {"steps": 15, "frames": 60, "seconds": 6.0}}
-    first_saved = {**first, "finished": {**first["finished"], "saved_at": saved_at}}
+    # --save-max: the sitting says how far it was when <env>.dat's weights were taken.
+    training_in = {"G0": {"steps": 15, "frames": 60, "seconds": 6.0}}
+    first_saved = {**first, "finished": {**first["finished"], "training_in": training_in}}
     early = credited("early.dat", {**record, "previous_runs": [first_saved, second]})
     assert (early["frames"], early["seconds"]) == (60, 6.0)
+    # A record whose first sitting named no file though it finished (a cluster that failed to
+    # start names none) is not taken for an older version's.
+    empty = {**first, "finished": {**first["finished"], "weights_sha256": {}}}
+    assert credited("other", {**record, "previous_runs": [empty, second]}) is None
     log = logging.getLogger("test.training_record")
     with caplog.at_level("WARNING", logger=log.name):
         assert credited("other", record, log) is None  # a record copied beside other weights
@@ -352,18 +356,44 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     assert credited("other", mixed)["commands"] == ["python main.py --old"]
 
 
-def test_a_save_max_run_records_when_its_kept_weights_were_saved(tmp_path):
-    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+def test_a_save_max_run_records_how_far_it_was_when_its_kept_weights_were_taken(tmp_path):
+    """Also past a sitting killed after the save: the state carries it to the next one; and a
+    .dat-alone start chains the sitting whole, its figures as they were."""
+    flags = [*PONG_SMALL, *folders(tmp_path), "--save-max"]
+    launcher = prepare(parse_train_args(flags))
     launcher.open_record()
-    game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 10, "frames": 40}
-    launcher.monitor.take("test", {**game, "saved": True})
+    game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 12, "frames": 48}
+    taken = {"steps": 10, "seconds": 3.0}  # the game played the weights of step 10
+    launcher.monitor.take("test", {**game, "saved": True, "weights_taken_at": taken})
     launcher.monitor.take("test", {**game, "reward": 1.0, "steps": 20, "frames": 80})
+    dat = tmp_path / "models" / f"{PONG}.dat"
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), dat)  # what the game saved
     launcher.ctx.steps[0] = 30
-    launcher.monitor.close("done", 0)
-    finished = json.loads(launcher.paths.record.read_text())["finished"]
-    (saved_at,) = finished["saved_at"].values()
-    assert (saved_at["steps"], saved_at["frames"], finished["steps"]) == (10, 40, 30)
-    assert list(finished["saved_at"]) == [f"{PONG}.dat"]
+    launcher.save_state()  # then killed: this sitting never finishes its record
+    resumed = prepare(
+        parse_train_args([*flags, "--load", "--load-model-dir", str(tmp_path / "models")])
+    )
+    resumed.open_record()
+    resumed.ctx.steps[0] = 40
+    resumed.monitor.close("done", 0, weights=sorted(resumed.weights_left()))
+    record = json.loads(resumed.paths.record.read_text())
+    assert record["finished"]["training_in"] == {
+        f"{PONG}.dat": {"steps": 10, "frames": 40, "seconds": 3.0}
+    }
+    assert record["finished"]["weights_sha256"][dat.name] == file_sha256(dat)
+    from gym_eval import training_record
+
+    assert training_record(str(tmp_path / "logs"), dat)["frames"] == 40
+    # From the .dat alone, with the record: its sitting is chained as it was written.
+    models, logs = str(tmp_path / "models"), str(tmp_path / "logs")
+    alone = [*PONG_SMALL, "--save-model-dir", str(tmp_path / "m2"), "--log-dir", logs,
+             "--load", "--load-model-dir", models]  # fmt: skip
+    (tmp_path / "models" / f"{PONG}_state.pt").unlink()
+    went_on = prepare(parse_train_args(alone))
+    went_on.open_record()
+    chained = json.loads(went_on.paths.record.read_text())["previous_runs"][-1]
+    assert chained["finished"] == record["finished"] and chained["counted_to"]["frames"] == 40
+    assert run_totals(json.loads(went_on.paths.record.read_text()))["frames"] == 40
 
 
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
@@ -473,13 +503,6 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
             parse_train_args([*PONG_SMALL, *folders(tmp_path), *load[:2], str(tmp_path / "in")])
         )
     assert caplog.text.count(f"{PONG}.dat exists and this run will write over it") == 2
-    # --save-max's final weights too, unless the run goes on from that folder.
-    (tmp_path / "models" / f"{PONG}_last.dat").write_bytes(b"")
-    for flags, said in (([], 1), (load, 0)):
-        caplog.clear()
-        with caplog.at_level("WARNING", logger="a3g.main"):
-            prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *flags, "--save-max"]))
-        assert caplog.text.count(f"{PONG}_last.dat exists and this run will write over it") == said
     # The earlier run's record is kept aside, never written over (twice: both kept).
     record = tmp_path / "logs" / f"{PONG}_run.json"
     for kept in (f"{record}.earlier_run", f"{record}.earlier_run.1"):
@@ -491,6 +514,16 @@ def test_a_run_that_would_write_over_a_saved_model_says_so(tmp_path, caplog):
             f"kept as {kept}" in caplog.text
         )
     assert json.loads(Path(f"{record}.earlier_run").read_text()) == {}
+    # --save-max's final weights too, unless the run goes on from that folder's training
+    # state (from its .dat alone, the file may be another run's).
+    (tmp_path / "models" / f"{PONG}_last.dat").write_bytes(b"")
+    for flags, said in (([], 1), (load, 1), (load, 0)):
+        if not said:
+            prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *load])).save_state()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="a3g.main"):
+            prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), *flags, "--save-max"]))
+        assert caplog.text.count(f"{PONG}_last.dat exists and this run will write over it") == said
 
 
 def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
