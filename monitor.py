@@ -407,7 +407,8 @@ class RunMonitor:
         self.rewards = list(state.test_rewards)
         self.best = max(self.rewards, default=-math.inf)
         self.dat_score = state.dat_score
-        self.dat_trained = state.dat_trained
+        # Without --save-max every test game and the shutdown write <env>.dat: its end's.
+        self.dat_trained = state.dat_trained if self.config.save_max else None
         self.worker_normalizers = dict(state.worker_normalizers)
         self.test_normalizer = state.test_normalizer
 

@@ -384,6 +384,15 @@ def test_a_save_max_run_records_how_far_it_was_when_its_kept_weights_were_taken(
     from gym_eval import training_record
 
     assert training_record(str(tmp_path / "logs"), dat)["frames"] == 40
+    # Resumed without --save-max, every game and the shutdown write <env>.dat: no cut point.
+    plain = [
+        *PONG_SMALL,
+        *folders(tmp_path),
+        "--load",
+        "--load-model-dir",
+        str(tmp_path / "models"),
+    ]
+    assert prepare(parse_train_args(plain)).monitor.dat_trained is None
     # From the .dat alone, with the record: its sitting is chained as it was written.
     models, logs = str(tmp_path / "models"), str(tmp_path / "logs")
     alone = [*PONG_SMALL, "--save-model-dir", str(tmp_path / "m2"), "--log-dir", logs,
