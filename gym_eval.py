@@ -6,8 +6,9 @@ import signal
 import sys
 
 _INTERRUPTED_WHILE_IMPORTING: list[int] = []
-if __name__ == "__main__":  # a Ctrl-C in the second or two the imports below take is noted,
-    # not raised inside them (where it could be lost, or leave numpy half-loaded)
+# A Ctrl-C in the second or two the imports below take is noted, not raised inside them (where
+# it could be lost, or leave numpy half-loaded); an inherited ignored SIGINT stays ignored.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
 
 import json

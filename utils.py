@@ -56,14 +56,16 @@ def run_script(main: Callable[[], int], interrupted: list[int], message: str) ->
             half-loaded). Any: `message` and `INTERRUPTED_EXIT`, before `main` runs.
         message: the one line a Ctrl-C before the start prints.
     """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored by whoever started it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if interrupted:
         print(message, file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     code = main()
-    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback),
-    # so the first is ignored; a second ends the process at once (an exit handler that hangs).
-    signal.signal(signal.SIGINT, lambda *_: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback) or
+    # its teardown after them (killed by the signal, a failure to a shell), so it is ignored
+    # (SIG_IGN, which Python keeps to the end, unlike a handler of its own); SIGTERM ends it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 

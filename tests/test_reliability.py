@@ -677,6 +677,30 @@ def test_a_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path, script,
     assert not (tmp_path / "models").exists() and not (tmp_path / "logs").exists()
 
 
+def test_a_ctrl_c_as_a_script_exits_is_ignored_and_an_inherited_ignore_is_kept():
+    """A Ctrl-C in the exit handlers (sent from one here) leaves the exit code main returned."""
+    at_exit = (
+        "import atexit, os, signal, time, utils\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+        "utils.run_script(lambda: 0, [], 'never printed')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", at_exit], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    # Started with SIGINT ignored (a background job of a script): main runs with it ignored.
+    ignored = (
+        "import signal, utils\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "utils.run_script(lambda: 3 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else 4,"
+        " [], '')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", ignored], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3, result.stderr
+
+
 def test_a_signal_while_a_run_stops_at_its_budget_keeps_the_reason_it_stopped(tmp_path):
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     launcher.stop_reason = "--max-steps 100 reached"  # its files are being saved
