@@ -303,6 +303,8 @@ class TrainingState:
             records none).
         dat_trained: with `dat_score`, how far the run was when those weights were taken
             (``steps``, ``frames``, ``seconds``), what the run record credits them with.
+        log_dir: the run's ``--log-dir`` as an absolute path (``config`` has it as typed,
+            relative to a working directory a resume may not share).
     """
 
     model: dict[str, torch.Tensor]
@@ -319,6 +321,7 @@ class TrainingState:
     saved_at: float = 0.0
     dat_score: float | None = None
     dat_trained: dict[str, float] | None = None
+    log_dir: str = ""
 
     def save(self, path: str | Path) -> None:
         """Write the state atomically (an OSError leaves the previous file intact)."""
@@ -346,6 +349,7 @@ class TrainingState:
             "saved_at": self.saved_at,
             "dat_score": self.dat_score,
             "dat_trained": self.dat_trained,
+            "log_dir": self.log_dir,
         }
         save_atomic(layout, path)
 
@@ -396,6 +400,7 @@ class TrainingState:
             saved_at=float(raw.get("saved_at", 0.0)),
             dat_score=dat_score,
             dat_trained=trained if isinstance(trained := raw.get("dat_trained"), dict) else None,
+            log_dir=str(raw.get("log_dir") or ""),
         )
 
 

@@ -210,8 +210,12 @@ def same_file(path: Path, other: Path) -> bool:
 
 
 def earlier_log_dir(resumed: TrainingState | None, log_dir: str) -> Path | None:
-    """The ``--log-dir`` of the sittings a resumed state comes from, where it is another."""
-    earlier = None if resumed is None else resumed.config.get("log_dir")
+    """The ``--log-dir`` of the sittings a resumed state comes from, where it is another.
+
+    The state's absolute path (older states have the path as typed, relative to the working
+    directory they were saved from).
+    """
+    earlier = None if resumed is None else resumed.log_dir or resumed.config.get("log_dir")
     if not earlier or same_file(Path(earlier), Path(log_dir)):
         return None
     return Path(earlier)
@@ -326,7 +330,13 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     elif earlier_logs is not None:
         log.warning(
             f"resume: the sitting before logged to {earlier_logs}; {paths.log} goes on without "
-            "its test games (give both logs to visualize.py, in the order written, for one curve)"
+            "its test games (they stay in that folder's log)"
+        )
+    if earlier_logs is not None and not (earlier_logs / paths.record.name).exists():
+        log.warning(
+            f"resume: the earlier sittings' run record {earlier_logs / paths.record.name} is not "
+            f"there, so this sitting's record starts without them (copy it into {config.log_dir} "
+            "first to keep them)"
         )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
@@ -500,6 +510,7 @@ class Launcher:
             # stale by the next game, and a resume with --save-max would trust it.
             dat_score=self.monitor.dat_score if self.config.save_max else None,
             dat_trained=self.monitor.dat_trained if self.config.save_max else None,
+            log_dir=str(Path(self.config.log_dir).resolve()),
         )
 
     def save_state(self) -> bool:

@@ -122,11 +122,11 @@ def test_env_ids_become_safe_file_names(env_id, stem):
 LAYOUT = {
     "format", "model", "optimizer", "steps", "frames", "elapsed", "skipped_updates",
     "test_rewards", "test", "normalizers", "tensorboard_dir", "config", "saved_at",
-    "dat_score", "dat_trained",
+    "dat_score", "dat_trained", "log_dir",
 }  # fmt: skip
 """The keys of a state file (format 1): a file written before `TrainingState` has them too
-(but ``dat_score`` and ``dat_trained``, added later: `TrainingState.load` infers the first for
-older files and leaves the second unknown)."""
+(but ``dat_score``, ``dat_trained`` and ``log_dir``, added later: `TrainingState.load` infers
+the first for older files and leaves the others unknown)."""
 
 
 def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
@@ -139,6 +139,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
         test_normalizer={"kind": "frames", "num_steps": 3},
         tensorboard_dir="logs/runs/Pong_1", config={"env": "Pong", "lr": 1e-4}, saved_at=5.0,
         dat_score=-20.0, dat_trained={"steps": 100, "frames": 400, "seconds": 30.0},
+        log_dir="/runs/logs",
     )  # fmt: skip
     path = tmp_path / "Pong_state.pt"
     state.save(path)
@@ -155,7 +156,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
     assert loaded.worker_normalizers == state.worker_normalizers  # ranks are ints again
     for name in ("steps", "frames", "elapsed", "skipped_updates", "test_rewards",
                  "test_normalizer", "tensorboard_dir", "config", "saved_at",
-                 "dat_score", "dat_trained"):  # fmt: skip
+                 "dat_score", "dat_trained", "log_dir"):  # fmt: skip
         assert getattr(loaded, name) == getattr(state, name), name
 
 

@@ -611,6 +611,38 @@ def test_a_resume_into_another_log_dir_keeps_the_earlier_sittings_record_and_say
     assert [run["finished"]["steps"] for run in record["previous_runs"]] == [1500, 2000]
 
 
+def test_a_resume_from_another_working_directory_finds_the_earlier_sittings(
+    tmp_path, monkeypatch, caplog
+):
+    """The state keeps its --log-dir absolute: typed relative, it named another folder."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    first = prepare(parse_train_args([*PONG_SMALL, "--save-model-dir", "m", "--log-dir", "l"]))
+    first.open_record()
+    first.ctx.steps[0] = 100
+    first.save_state()
+    first.monitor.close("SIGINT received", 0)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    load = [*PONG_SMALL, "--save-model-dir", "../m", "--load", "--load-model-dir", "../m"]
+    for log_dir in ("../l", "../l2"):  # the same folder, then another
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="a3g.main"):
+            again = prepare(parse_train_args([*load, "--log-dir", log_dir]))
+        assert ("resume:" in caplog.text) == (log_dir == "../l2"), caplog.text
+        assert "is not there" not in caplog.text
+        again.open_record()
+        record = json.loads(again.paths.record.read_text())
+        finished = [
+            run["finished"]["steps"] for run in record["previous_runs"] if "finished" in run
+        ]
+        assert finished == [100]  # (then the sitting in ../l, never finished here)
+    # The earlier sittings' record gone: said, not silently started afresh.
+    (tmp_path / "l" / f"{PONG}_run.json").unlink()
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args([*load, "--log-dir", "../l3"]))
+    assert f"run record {tmp_path / 'l' / f'{PONG}_run.json'} is not there" in caplog.text
+
+
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
     tmp_path, monkeypatch, capsys
 ):
