@@ -295,7 +295,8 @@ class RunMonitor:
         a resume keeps; a record that names none is taken as before). Where both are,
         `earlier_record`: the state's sitting wrote it, so it is the latest (this folder's is
         older where the run went on elsewhere and came back). Another run's record here (the
-        folder held one) is kept aside, not chained in nor written over.
+        folder held one) is kept aside, not chained in nor written over; this run's, kept aside
+        when another run started afresh here, is found there.
         """
         own = Path(self.record_path)
         run = Path(self.tensorboard_dir).name
@@ -315,7 +316,22 @@ class RunMonitor:
                     f"{own} is the record of another run (TensorBoard folder {named}, this run's "
                     f"is {run}); {where}"
                 )
-        return found[0] if found else None
+        if found:
+            return found[0]
+        # Set aside when another run started afresh here (`open`): the latest one of this run.
+        kept = sorted(
+            own.parent.glob(f"{own.name}.earlier_run*"), key=lambda path: path.stat().st_mtime
+        )
+        for path in reversed(kept):
+            try:
+                previous = json.loads(path.read_text())
+                named = Path(str(previous["config"]["tensorboard_dir"])).name
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if named == run and isinstance(previous.get("previous_runs") or [], list):
+                self.log.warning(f"the earlier sittings' run record is taken from {path}")
+                return previous
+        return None
 
     def _record_of_weights(self, weights: Path) -> dict[str, Any] | None:
         """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).

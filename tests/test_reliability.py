@@ -643,6 +643,34 @@ def test_a_resume_from_another_working_directory_finds_the_earlier_sittings(
     assert f"run record {tmp_path / 'l' / f'{PONG}_run.json'} is not there" in caplog.text
 
 
+def test_a_resume_finds_its_record_set_aside_by_another_run_started_in_its_log_dir(
+    tmp_path, caplog
+):
+    logs = ["--log-dir", str(tmp_path / "logs")]
+    first = prepare(parse_train_args([*PONG_SMALL, "--save-model-dir", str(tmp_path / "a"), *logs]))
+    first.open_record()
+    first.ctx.steps[0] = 100
+    first.save_state()
+    first.monitor.close("SIGINT received", 0)
+    time.sleep(1.05)  # a run is told by its TensorBoard folder, named to the second
+    other = prepare(parse_train_args([*PONG_SMALL, "--save-model-dir", str(tmp_path / "b"), *logs]))
+    other.open_record()  # by mistake into the same --log-dir: the first run's record set aside
+    load = [
+        "--save-model-dir",
+        str(tmp_path / "a"),
+        "--load",
+        "--load-model-dir",
+        str(tmp_path / "a"),
+    ]
+    again = prepare(parse_train_args([*PONG_SMALL, *load, *logs]))
+    with caplog.at_level("WARNING"):
+        again.open_record()
+    kept = tmp_path / "logs" / f"{PONG}_run.json.earlier_run"
+    assert f"the earlier sittings' run record is taken from {kept}" in caplog.text
+    record = json.loads(again.paths.record.read_text())
+    assert [run["finished"]["steps"] for run in record["previous_runs"]] == [100]
+
+
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
     tmp_path, monkeypatch, capsys
 ):
