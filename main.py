@@ -181,7 +181,7 @@ def log_changed_settings(
         log: where to say it.
         said: settings already logged (the optimizer's), left out here.
     """
-    left_out = {"load", *said}
+    left_out = {"load", "load_model_dir", *said}  # how it resumed, not what it trains
     changed = [
         f"--{key.replace('_', '-')} {saved[key]} -> {value}"
         for key, value in as_dict(config).items()

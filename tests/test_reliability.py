@@ -443,12 +443,14 @@ def test_resume_names_the_settings_it_changes_and_the_lr_a_new_budget_gives(capl
     saved = as_dict(parse_train_args([*flags, "--max-steps", "10000"]))
     log = logging.getLogger("a3g.main")
     with caplog.at_level("INFO", logger=log.name):
-        config = parse_train_args([*flags, "--max-steps", "20000", "--load", "--gamma", "0.998"])
+        config = parse_train_args(
+            [*flags, "--max-steps", "20000", "--load", "--gamma", "0.998", "--load-model-dir", "m"]
+        )
         log_changed_settings({**saved, "ray_address": ""}, config, 9000, log)  # an older state
     assert "resume: this sitting changes --gamma 0.99 -> 0.998, --max-steps 10000 -> 20000" in (
         caplog.text
     )
-    assert "--load" not in caplog.text and "--ray-address" not in caplog.text
+    assert "--load" not in caplog.text and "--ray-address" not in caplog.text  # nor -model-dir
     assert "the lr at step 9,000 is 0.00055; it was 0.0001 when the state was saved" in caplog.text
 
     caplog.clear()
