@@ -212,13 +212,17 @@ def same_file(path: Path, other: Path) -> bool:
 def earlier_log_dir(resumed: TrainingState | None, log_dir: str) -> Path | None:
     """The ``--log-dir`` of the sittings a resumed state comes from, where it is another.
 
-    The state's absolute path (older states have the path as typed, relative to the working
-    directory they were saved from).
+    The state keeps the path absolute and as typed (older states: as typed only).
     """
-    earlier = None if resumed is None else resumed.log_dir or resumed.config.get("log_dir")
-    if not earlier or same_file(Path(earlier), Path(log_dir)):
+    if resumed is None:
         return None
-    return Path(earlier)
+    # As saved (absolute) and as typed (relative to the working directory: a run folder moved
+    # or copied whole is resumed with the same relative flags): either names this one, or
+    # the first that exists is the other (the first, which is not there, where none does).
+    saved = [Path(path) for path in (resumed.log_dir, resumed.config.get("log_dir")) if path]
+    if not saved or any(same_file(path, Path(log_dir)) for path in saved):
+        return None
+    return next((path for path in saved if path.exists()), saved[0])
 
 
 def prepare(config: TrainConfig, part: str = "all") -> Launcher:
@@ -332,12 +336,6 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"resume: the sitting before logged to {earlier_logs}; {paths.log} goes on without "
             "its test games (they stay in that folder's log)"
         )
-    if earlier_logs is not None and not (earlier_logs / paths.record.name).exists():
-        log.warning(
-            f"resume: the earlier sittings' run record {earlier_logs / paths.record.name} is not "
-            f"there, so this sitting's record starts without them (copy it into {config.log_dir} "
-            "first to keep them)"
-        )
 
     # A resumed run goes on in its TensorBoard folder, found by name under this run's
     # --log-dir (the saved path may be relative to another working directory, or another
@@ -441,6 +439,8 @@ class Launcher:
         self.tensorboard_dir = tensorboard_dir
         self.resumed = resumed
         self.earlier_logs = earlier_logs
+        self.log_dir = str(Path(config.log_dir).resolve())  # for the state (once: the working
+        # directory may be gone by a later save)
         self.log = logging.getLogger("a3g.main")
         self.stop_reason = ""
         self.failed = False
@@ -510,7 +510,7 @@ class Launcher:
             # stale by the next game, and a resume with --save-max would trust it.
             dat_score=self.monitor.dat_score if self.config.save_max else None,
             dat_trained=self.monitor.dat_trained if self.config.save_max else None,
-            log_dir=str(Path(self.config.log_dir).resolve()),
+            log_dir=self.log_dir,
         )
 
     def save_state(self) -> bool:

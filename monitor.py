@@ -78,6 +78,10 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+SET_ASIDE = ("earlier_run", "another_run", "whole")
+"""The suffixes of run records a run set aside rather than write over (`RunMonitor.open`)."""
+
+
 def has_finished(sitting: dict[str, Any]) -> bool:
     """Whether a run record's sitting ended with its figures written (frames at least)."""
     finished = sitting.get("finished")
@@ -318,20 +322,43 @@ class RunMonitor:
                 )
         if found:
             return found[0]
-        # Set aside when another run started afresh here (`open`): the latest one of this run.
-        kept = sorted(
-            own.parent.glob(f"{own.name}.earlier_run*"), key=lambda path: path.stat().st_mtime
-        )
-        for path in reversed(kept):
-            try:
-                previous = json.loads(path.read_text())
-                named = Path(str(previous["config"]["tensorboard_dir"])).name
-            except (OSError, ValueError, TypeError, KeyError):
-                continue
-            if named == run and isinstance(previous.get("previous_runs") or [], list):
-                self.log.warning(f"the earlier sittings' run record is taken from {path}")
-                return previous
-        return None
+        folders = [own.parent, *([] if earlier_record is None else [earlier_record.parent])]
+        kept = self._set_aside_record(run, folders)
+        if kept is None:
+            where = " or ".join(str(folder) for folder in folders)
+            self.log.warning(
+                f"resume: no run record of the earlier sittings in {where}, so this sitting's "
+                f"record starts without them (copy {own.name} into {own.parent} to keep them)"
+            )
+        return kept
+
+    def _set_aside_record(self, run: str, folders: list[Path]) -> dict[str, Any] | None:
+        """The latest record of the run named `run` set aside in `folders` (`_set_aside`).
+
+        Where another run started or resumed in this run's ``--log-dir`` it moved this run's
+        record aside (``.earlier_run``, ``.another_run``; ``.whole`` by a start from a
+        ``.dat`` alone); the one written last is the latest.
+        """
+        latest: tuple[float, Path, dict[str, Any]] | None = None
+        name = Path(self.record_path).name
+        for folder in folders:
+            for path in folder.glob(f"{name}.*"):
+                if not path.name.startswith(tuple(f"{name}.{kind}" for kind in SET_ASIDE)):
+                    continue
+                try:
+                    written = path.stat().st_mtime
+                    previous = json.loads(path.read_text())
+                    named = Path(str(previous["config"]["tensorboard_dir"])).name
+                except (OSError, ValueError, TypeError, KeyError):
+                    continue
+                if named != run or not isinstance(previous.get("previous_runs") or [], list):
+                    continue
+                if latest is None or written > latest[0]:
+                    latest = (written, path, previous)
+        if latest is None:
+            return None
+        self.log.warning(f"the earlier sittings' run record is taken from {latest[1]}")
+        return latest[2]
 
     def _record_of_weights(self, weights: Path) -> dict[str, Any] | None:
         """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).

@@ -640,9 +640,25 @@ def test_a_resume_from_another_working_directory_finds_the_earlier_sittings(
         assert finished == [100]  # (then the sitting in ../l, never finished here)
     # The earlier sittings' record gone: said, not silently started afresh.
     (tmp_path / "l" / f"{PONG}_run.json").unlink()
-    with caplog.at_level("WARNING", logger="a3g.main"):
-        prepare(parse_train_args([*load, "--log-dir", "../l3"]))
-    assert f"run record {tmp_path / 'l' / f'{PONG}_run.json'} is not there" in caplog.text
+    with caplog.at_level("WARNING"):
+        prepare(parse_train_args([*load, "--log-dir", "../l3"])).open_record()
+    assert f"resume: no run record of the earlier sittings in ../l3 or {tmp_path / 'l'}" in (
+        caplog.text
+    )
+    # The run folder moved whole, resumed with the same relative flags: quiet, record kept.
+    (tmp_path / "l2" / f"{PONG}_run.json").rename(tmp_path / "l" / f"{PONG}_run.json")
+    monkeypatch.chdir(tmp_path.parent)
+    moved = tmp_path.parent / f"{tmp_path.name}_moved"
+    tmp_path.rename(moved)
+    monkeypatch.chdir(moved)  # where the first sitting was started, with its flags
+    first_flags = ["--save-model-dir", "m", "--log-dir", "l", "--load", "--load-model-dir", "m"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = prepare(parse_train_args([*PONG_SMALL, *first_flags]))
+        again.open_record()
+    assert "resume" not in caplog.text, caplog.text
+    record = json.loads(again.paths.record.read_text())
+    assert [run.get("finished", {}).get("steps") for run in record["previous_runs"]][0] == 100
 
 
 def test_a_resume_finds_its_record_set_aside_by_another_run_started_in_its_log_dir(
@@ -657,6 +673,7 @@ def test_a_resume_finds_its_record_set_aside_by_another_run_started_in_its_log_d
     time.sleep(1.05)  # a run is told by its TensorBoard folder, named to the second
     other = prepare(parse_train_args([*PONG_SMALL, "--save-model-dir", str(tmp_path / "b"), *logs]))
     other.open_record()  # by mistake into the same --log-dir: the first run's record set aside
+    other.save_state()
     load = [
         "--save-model-dir",
         str(tmp_path / "a"),
@@ -671,6 +688,12 @@ def test_a_resume_finds_its_record_set_aside_by_another_run_started_in_its_log_d
     assert f"the earlier sittings' run record is taken from {kept}" in caplog.text
     record = json.loads(again.paths.record.read_text())
     assert [run["finished"]["steps"] for run in record["previous_runs"]] == [100]
+    # And the other run resumed in turn: its record, set aside by that resume, is found.
+    b = ["--save-model-dir", str(tmp_path / "b"), "--load", "--load-model-dir", str(tmp_path / "b")]
+    resumed_b = prepare(parse_train_args([*PONG_SMALL, *b, *logs]))
+    resumed_b.open_record()
+    record = json.loads(resumed_b.paths.record.read_text())
+    assert record["previous_runs"][0]["config"]["save_model_dir"] == str(tmp_path / "b")
 
 
 def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
@@ -718,6 +741,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def sigint_default() -> None:
+    """In a child before it runs: SIGINT as a terminal gives it (a test run in the background,
+    as CI may start it, would hand it down ignored, which the scripts keep)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("script", "message"),
     [
@@ -727,29 +756,39 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 )
 def test_a_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path, script, message):
     flags = (
-        [*PONG_SMALL, *folders(tmp_path)]
+        [*PONG_SMALL, "--max-steps", "200", *folders(tmp_path)]
         if script == "main.py"
         else ["--env", PONG, "--num-episodes", "1", "--log-dir", str(tmp_path / "logs")]
     )
     result = subprocess.run(
         [sys.executable, "-c", CTRL_C_IN_TORCH_IMPORT, script, *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=sigint_default,
     )  # fmt: skip
     assert (result.returncode, result.stderr) == (130, message + "\n"), result.stderr
     assert not (tmp_path / "models").exists() and not (tmp_path / "logs").exists()
 
 
 def test_a_ctrl_c_as_a_script_exits_is_ignored_and_an_inherited_ignore_is_kept():
-    """A Ctrl-C in the exit handlers (sent from one here) leaves the exit code main returned."""
-    at_exit = (
-        "import atexit, os, signal, time, utils\n"
-        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
-        "utils.run_script(lambda: 0, [], 'never printed')\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", at_exit], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    """A Ctrl-C in the exit handlers, or in the teardown after them (sent from each here),
+    leaves the exit code main returned."""
+    for late in ("exit handlers", "teardown"):
+        at_exit = (
+            "import atexit, os, signal, sys, time, utils\n"
+            "def ctrl_c(): os.kill(os.getpid(), signal.SIGINT); time.sleep(0.2)\n"
+            "class Late:\n"
+            "    def __del__(self): ctrl_c()\n"
+            + (
+                "atexit.register(ctrl_c)\n"
+                if late == "exit handlers"
+                else "sys.modules['late'] = type(sys)('late'); sys.modules['late'].x = Late()\n"
+            )
+            + "utils.run_script(lambda: 0, [], 'never printed')\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", at_exit], cwd=ROOT, capture_output=True, text=True,
+            timeout=60, preexec_fn=sigint_default,
+        )  # fmt: skip
+        assert (result.returncode, result.stderr) == (0, ""), (late, result.stderr)
     # Started with SIGINT ignored (a background job of a script): main runs with it ignored.
     ignored = (
         "import signal, utils\n"
