@@ -837,6 +837,9 @@ STOPPING = "stopping: "
 """How the line that starts a run's shutdown begins: status lines after it count the
 shutdown's seconds, when no frames are made (the benchmarks read frames/s before it)."""
 
+STOPPED_BEFORE_TRAINING = "main.py: stopped before training started"
+"""What a Ctrl-C before any child started prints (exit 130): torch importing, a state loading."""
+
 
 def describe_devices(gpu_ids: tuple[int, ...]) -> str:
     """``CPU`` or ``GPU 0, 1``."""
@@ -863,10 +866,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"main.py: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
-        print("main.py: stopped before training started", file=sys.stderr)
+        print(STOPPED_BEFORE_TRAINING, file=sys.stderr)
         return INTERRUPTED_EXIT
     return launcher.run()
 
 
 if __name__ == "__main__":
-    run_script(main, _INTERRUPTED_WHILE_IMPORTING, "main.py: stopped before training started")
+    run_script(main, _INTERRUPTED_WHILE_IMPORTING, STOPPED_BEFORE_TRAINING)

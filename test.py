@@ -77,8 +77,6 @@ def run_test(
         model.use_channels_last()
     model.eval()
     player = GreedyPlayer(model, env, device)
-    model.load_state_dict(shared_model.state_dict())
-    taken = ctx.total_steps(), time.time() - ctx.start_time  # how far the run was then
     load_normalizer_state(env, normalizer)
 
     frames_per = frames_per_step(config.env, config.skip_rate)
@@ -87,6 +85,8 @@ def run_test(
     bar = -math.inf if dat_score is None else dat_score  # what --save-max must match
     seed: int | None = config.seed
     while not ctx.stopping():
+        model.load_state_dict(shared_model.state_dict())
+        taken = ctx.total_steps(), time.time() - ctx.start_time  # how far the run was then
         game = player.play_game(seed, config.stall_steps, should_stop=ctx.stopping)
         seed = None
         if game.ending == STOPPED:
@@ -126,8 +126,6 @@ def run_test(
 
         if ctx.wait(config.test_interval):
             break
-        model.load_state_dict(shared_model.state_dict())
-        taken = ctx.total_steps(), time.time() - ctx.start_time
     env.close()
 
 

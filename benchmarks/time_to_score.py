@@ -160,7 +160,8 @@ def run_config(
         interrupted = False
         try:
             while proc.poll() is None and time.monotonic() - started < minutes * 60:
-                time.sleep(10)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # returns when it ends
+                    proc.wait(timeout=10)
                 if log.exists():
                     result = summarise(log, targets, window)
                     if result["reached"]:

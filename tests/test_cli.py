@@ -29,7 +29,9 @@ from cli import (
     parse_train_args,
 )
 from gym_eval import QUIET_TAIL_STEPS, cut_short, process_seed
+from main import Child, prepare
 from model import A3Clstm
+from monitor import run_totals
 from player_util import GAME_OVER, STALLED, TIME_LIMIT, GameResult
 from tests.conftest import (
     BF16_CPU,
@@ -46,6 +48,7 @@ from tests.conftest import (
     wait_group_gone,
 )
 from utils import UsageError
+from visualize import parse_log
 
 # -- bad input ---------------------------------------------------------------------------------
 
@@ -230,20 +233,77 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     assert summary["protocol"]["repeat_action_probability"] == 0.0  # the id's own
     assert summary["training"]["protocol"]["repeat_action_probability"] == 0.25
 
-    # --load goes on from the training state, each env's normaliser with it; a file for
-    # another hidden size is refused.
+    # --load: the launcher built for it holds exactly what was saved (in this process) ...
     load = ["--load", "--load-model-dir", str(tmp_path / "models")]
-    result = run_cli("main.py", *flags, *load, "--max-steps", "2600")
+    log_path = tmp_path / "logs" / f"{PONG}_log"
+    first_log = log_path.read_text()
+    resume = [*flags, *load, "--max-steps", "2600", "--tensorboard-logger"]
+    check_the_resumed_launcher(saved, resume)
+
+    # ... and the CLI goes on from the training state: counters, each env's normaliser and
+    # the optimizer's statistics continue, the log grows, TensorBoard writes to the same run.
+    runs_before = {p.name for p in (tmp_path / "logs" / "runs").iterdir()}
+    result = run_cli("main.py", *resume)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stderr  # the first run left its training state
+    assert f"resumed from {state_path}" in result.stderr  # the first run left its state
+    assert {p.name for p in (tmp_path / "logs" / "runs").iterdir()} == runs_before
+    log = log_path.read_text()
+    assert log.startswith(first_log) and len(log) > len(first_log)
+    assert f" : steps_at_start: {saved['steps']}\n" in log[len(first_log) :]
+    assert len(parse_log(log_path)) == log.count("episode reward") > 0  # both parts: the curve
     again = TrainingState.read_file(state_path)
     assert again["steps"] >= 2600
     for rank in ("0", "1"):
         before = [env["num_steps"] for env in saved["normalizers"][rank]["envs"]]
         after = [env["num_steps"] for env in again["normalizers"][rank]["envs"]]
         assert all(a > b for a, b in zip(after, before, strict=True))
+    step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
+    saved_counts = [int(e["step"]) for e in saved["optimizer"]["state"].values()]
+    assert all(a > b for a, b in zip(step_counts, saved_counts, strict=True))
+    assert again["test_rewards"][: len(saved["test_rewards"])] == saved["test_rewards"]
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["resumed_from"] == str(state_path)
+    # The first run only: the in-process launcher above never ran, and wrote nothing.
+    assert len(record["previous_runs"]) == 1
+    assert record["previous_runs"][0]["finished"]["steps"] >= 2000
+    # The resumed part counted on from the first: the run's frames are its own figure.
+    totals = run_totals(record)
+    assert totals["frames"] == record["finished"]["frames"] and totals["sittings"] == 2
+    # A file for another hidden size is refused.
     code, stderr = main_here(["--env", PONG, "--hidden-size", "64", *load], monkeypatch, capsys)
     assert code == 2 and "saved with --hidden-size 32; this run uses 64" in stderr
+
+
+def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:
+    """The launcher `main.py` builds for these ``--load`` flags holds exactly the training
+    state `saved`: counters, clock, weights, optimizer statistics, test games, TensorBoard
+    run and the normalisers each child is given."""
+    launcher = prepare(parse_train_args(load_flags))
+    try:
+        assert launcher.ctx.total_steps() == saved["steps"]
+        assert launcher.ctx.total_skipped() == saved["skipped_updates"]
+        assert abs(time.time() - launcher.ctx.start_time - saved["elapsed"]) < 5
+        for key, value in saved["model"].items():
+            assert torch.equal(launcher.shared_model.state_dict()[key], value)
+        restored = launcher.optimizer.state_dict()["state"]
+        assert saved["optimizer"]["state"]
+        for index, entry in saved["optimizer"]["state"].items():
+            for name, value in entry.items():
+                assert torch.equal(restored[index][name], value), (index, name)
+        assert launcher.monitor.rewards == saved["test_rewards"] != []
+        assert launcher.tensorboard_dir == saved["tensorboard_dir"]
+        for rank in range(launcher.config.workers):
+            _, worker_args = launcher.process_target(Child(rank), launcher.ctx)
+            assert worker_args[-1] == saved["normalizers"][str(rank)]
+        _, test_args = launcher.process_target(Child(None), launcher.ctx)
+        rewards, normalizer, dat_score, steps_at_start = test_args[-4:]
+        assert steps_at_start == saved["steps"]  # the launcher's count, before any step
+        assert len(rewards) == saved["test"]["games"]
+        assert normalizer == saved["normalizers"]["test"]
+        assert dat_score is None is saved["dat_score"]  # its final weights: no game's
+    finally:
+        if launcher.monitor.writer is not None:
+            launcher.monitor.writer.close()
 
 
 def test_a_failed_game_process_is_one_error_line_exit_1_and_no_summary(
@@ -270,7 +330,7 @@ def test_gym_eval_records_videos(tmp_path):
     model = A3Clstm(1, gym.spaces.Discrete(6), 32)
     (tmp_path / "models").mkdir()
     torch.save(model.state_dict(), tmp_path / "models" / f"{PONG}.dat")
-    result = run_cli(
+    result = script_here(
         "gym_eval.py", "--env", PONG, "--num-episodes", "1", "--hidden-size", "32",
         "--max-episode-length", "30", "--new-gym-eval",
         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
@@ -287,7 +347,7 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     # the reset's NOOP forever, so the paddle never moves and every point is lost.
     model = tmp_path / "pong_agent.dat"
     model.write_bytes((ROOT / "trained_models" / f"{PONG}.dat").read_bytes())
-    result = run_cli(
+    result = script_here(
         "gym_eval.py", "--env", PONG, "--model", str(model), "--num-episodes", "1",
         "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"), "--threads", "2",
     )  # fmt: skip
@@ -299,7 +359,7 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert summary["threads"] == 2
     # The same file on another env id, no copy to <env>.dat: ALE's own v5 stack, whose sticky
     # default the flag overrides.
-    result = run_cli(
+    result = script_here(
         "gym_eval.py", "--env", "ALE/Pong-v5", "--model", str(model), "--num-episodes", "1",
         "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
@@ -356,7 +416,7 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     log = log_path.read_text()
     assert "episode length 50, " in log and "stalled: no reward in 50 steps" in log
 
-    result = run_cli(
+    result = script_here(
         "gym_eval.py", *breakout, *stuck, "--num-episodes", "2",
         "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
@@ -419,7 +479,7 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
     for seed, share in ((1, slice(0, None, 2)), (process_seed(1, 1), slice(1, None, 2))):
         serial = tmp_path / f"serial{seed}"
         games = len(summary["lengths"][share])
-        result = run_cli(
+        result = script_here(
             "gym_eval.py", *flags, "--num-episodes", str(games), "--seed", str(seed),
             "--log-dir", str(serial),
         )  # fmt: skip
@@ -428,7 +488,7 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
         assert alone["lengths"] == summary["lengths"][share] and alone["processes"] == 1
     assert len(set(summary["lengths"])) > 1  # else the comparison above tells nothing
     # More processes than games: one per game.
-    result = run_cli(
+    result = script_here(
         "gym_eval.py", *flags, "--num-episodes", "1", "--processes", "3",
         "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
@@ -688,7 +748,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    result = run_cli(
+    result = script_here(
         "gym_eval.py",
         "--env", "CartPole-v1",
         "--num-episodes", "20",

@@ -52,6 +52,7 @@ from tests.conftest import (
     main_here,
     make_args,
     run_cli,
+    script_here,
 )
 from train import step_size_for
 
@@ -868,7 +869,7 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert all(Path(cluster["finished"][i]["code"]) != ROOT.resolve() for i in ids)
     assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
 
-    evaluated = run_cli(
+    evaluated = script_here(
         "gym_eval.py", "--env", PONG, "--num-episodes", "1", "--hidden-size", "32",
         "--max-episode-length", "60", "--load-model-dir", str(tmp_path / "models"),
         "--log-dir", str(tmp_path / "logs"),
@@ -979,7 +980,7 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
         wait_until(lambda: run.steps_in_status_lines()[-1] > steps, 120, "more steps")
         running = every_process_of(run)
     finally:
-        run.stop()  # Ctrl-C (SIGINT); the test below sends SIGTERM
+        run.stop()  # Ctrl-C (SIGINT); the lost-machine test below sends SIGTERM
     cluster = run.cluster_record()  # exit code 0
     assert "stopped: SIGINT received" in run.stderr()
     # How long the nodes took to stop is logged and recorded (reported, not asserted on).
@@ -1001,6 +1002,9 @@ def test_a_killed_node_launcher_is_named_and_restarted_and_the_run_goes_on(ray_c
 
 @pytest.mark.slow
 def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluster, tmp_path):
+    """And SIGTERM on the driver then stops the run as Ctrl-C does (the killed-launcher test
+    above ends with one): every process on every node ends, the final weights are saved and
+    the nodes match the server."""
     run = ClusterRunProcess(ray_cluster, tmp_path)
     try:
         run.wait_until_training(test_games=2)
@@ -1010,40 +1014,25 @@ def test_a_lost_machine_is_named_and_a_machine_that_joins_is_taken_on(ray_cluste
         ray_cluster.add_node(**NODE)  # a machine joins (or the lost one comes back: a new id)
         wait_until(lambda: run.said(") joined; the run goes on"), 120, "the new node")
         wait_until(lambda: len(actor_processes()) >= 4, 120, "its launcher and worker")
+        running = every_process_of(run)
     finally:
-        run.stop()
+        run.stop(signal.SIGTERM)
         if not ray_cluster.worker_nodes:  # failed in between: the later tests need 2 nodes
             ray_cluster.add_node(**NODE)
             ray_cluster.wait_for_nodes()
-    cluster = run.cluster_record()
+    cluster = run.cluster_record()  # exit code 0
+    assert "stopped: SIGTERM received" in run.stderr()
+    assert "nodes stopped and made their last exchange in" in run.stderr()
+    assert cluster["stop_seconds"] > 0
+    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
+    wait_until(lambda: not running & set(live_processes()), 30, "every process")
     assert len(cluster["nodes"]) == 3 and len(cluster["lost"]) == 1
     (lost,) = cluster["lost"]
     assert lost not in cluster["finished"] and len(cluster["finished"]) == 2
     # The new machine's launcher trained and made its last exchange; nobody failed.
     assert all(cluster["pushes_per_node"][node] >= 1 for node in cluster["finished"])
     assert not any(result["failed"] for result in cluster["finished"].values())
-
-
-@pytest.mark.slow
-def test_sigterm_on_the_driver_stops_every_node_and_saves(ray_cluster, tmp_path):
-    """As Ctrl-C does (the killed-launcher test above ends with one): every process of the
-    run on every node ends, the final weights are saved and the nodes match the server."""
-    signum = signal.SIGTERM
-    run = ClusterRunProcess(ray_cluster, tmp_path)  # no budget: only the signal ends it
-    try:
-        run.wait_until_training(test_games=2)
-        running = every_process_of(run)
-    finally:
-        run.stop(signum)
-    cluster = run.cluster_record()  # exit code 0
-    assert f"stopped: {signal.Signals(signum).name} received" in run.stderr()
-    # How long the nodes took to stop is logged and recorded (reported, not asserted on).
-    assert "nodes stopped and made their last exchange in" in run.stderr()
-    assert cluster["stop_seconds"] > 0
-    load_pong_dat(tmp_path / "models" / f"{PONG}.dat")
-    assert len(cluster["finished"]) == 2
     assert all(result["matches_server"] is True for result in cluster["finished"].values())
-    wait_until(lambda: not running & set(live_processes()), 30, "every process")
 
 
 @pytest.mark.slow

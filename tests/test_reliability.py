@@ -45,7 +45,6 @@ from tests.conftest import (
     wait_group_gone,
 )
 from utils import FatalRunError, ProcessContext, child_process
-from visualize import parse_log
 
 CONFIG = str(ROOT / "config.json")
 
@@ -151,75 +150,6 @@ def test_nan_that_keeps_coming_stops_with_a_clear_error_and_untouched_weights(mo
 
 
 PONG_SMALL = [*PONG_FLAGS, "--workers", "1", "--test-interval", "0"]
-
-
-@pytest.mark.slow
-def test_resume_restores_optimizer_counters_normalisers_and_continues_log_and_tensorboard(
-    tmp_path,
-):
-    # --test-niceness 0: the first part must finish a test game even on a busy machine.
-    flags = [*PONG_SMALL, "--tensorboard-logger", "--test-niceness", "0", *folders(tmp_path)]
-    result = run_cli("main.py", *flags, "--max-steps", "300", timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
-    state_path = tmp_path / "models" / f"{PONG}_state.pt"
-    saved = TrainingState.read_file(state_path)
-    assert saved["steps"] >= 300 and saved["optimizer"]["state"]
-    assert saved["normalizers"]["0"]["num_steps"] > 0 and saved["test_rewards"]
-    log_path = tmp_path / "logs" / f"{PONG}_log"
-    first_log = log_path.read_text()
-
-    # In process: the launcher built for --load holds exactly what was saved.
-    load_flags = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
-    launcher = prepare(parse_train_args([*load_flags, "--max-steps", "600"]))
-    try:
-        assert launcher.ctx.total_steps() == saved["steps"]
-        assert launcher.ctx.total_skipped() == saved["skipped_updates"]
-        assert abs(time.time() - launcher.ctx.start_time - saved["elapsed"]) < 5
-        for key, value in saved["model"].items():
-            assert torch.equal(launcher.shared_model.state_dict()[key], value)
-        restored = launcher.optimizer.state_dict()["state"]
-        for index, entry in saved["optimizer"]["state"].items():
-            for name, value in entry.items():
-                assert torch.equal(restored[index][name], value), (index, name)
-        assert launcher.monitor.rewards == saved["test_rewards"]
-        assert launcher.tensorboard_dir == saved["tensorboard_dir"]
-        _, worker_args = launcher.process_target(Child(0), launcher.ctx)
-        assert worker_args[-1] == saved["normalizers"]["0"]
-        _, test_args = launcher.process_target(Child(None), launcher.ctx)
-        rewards, normalizer, dat_score, steps_at_start = test_args[-4:]
-        assert steps_at_start == saved["steps"]  # the launcher's count, before any step
-        assert len(rewards) == saved["test"]["games"]
-        assert normalizer == saved["normalizers"]["test"]
-        assert dat_score is None is saved["dat_score"]  # its final weights: no game's
-    finally:
-        if launcher.monitor.writer is not None:
-            launcher.monitor.writer.close()
-
-    # Through the CLI: counters continue, the log grows, TensorBoard writes to the same run.
-    runs_before = {p.name for p in (tmp_path / "logs" / "runs").iterdir()}
-    result = run_cli("main.py", *load_flags, "--max-steps", "900", timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"resumed from {state_path}" in result.stderr
-    assert {p.name for p in (tmp_path / "logs" / "runs").iterdir()} == runs_before
-    log = log_path.read_text()
-    assert log.startswith(first_log) and len(log) > len(first_log)
-    assert f" : steps_at_start: {saved['steps']}\n" in log[len(first_log) :]
-    # The curve's reading of the log covers both parts of the run.
-    assert len(parse_log(log_path)) == log.count("episode reward") > 0
-    again = TrainingState.read_file(state_path)
-    assert again["steps"] >= 900
-    step_counts = [int(e["step"]) for e in again["optimizer"]["state"].values()]
-    saved_counts = [int(e["step"]) for e in saved["optimizer"]["state"].values()]
-    assert all(a > b for a, b in zip(step_counts, saved_counts, strict=True))
-    assert again["test_rewards"][: len(saved["test_rewards"])] == saved["test_rewards"]
-    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
-    assert record["resumed_from"] == str(state_path)
-    # The first run only: the in-process launcher above never ran, and writes nothing until then.
-    assert len(record["previous_runs"]) == 1
-    assert record["previous_runs"][0]["finished"]["steps"] >= 300
-    # The resumed part counted on from the first: the run's frames are its own figure.
-    totals = run_totals(record)
-    assert totals["frames"] == record["finished"]["frames"] and totals["sittings"] == 2
 
 
 def test_run_totals_add_the_chains_of_sittings():
