@@ -13,6 +13,7 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -55,7 +56,7 @@ from utils import (
     run_script,
     sigint_ignored,
 )
-from visualize import plot_curve
+from visualize import RUN_ID, plot_curve
 
 # ----------------------------------------------------------------------------------------------
 # Wiring: check, build and share the model and optimizer, load, hand over to the launcher
@@ -343,12 +344,39 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     tensorboard_dir = str(
         paths.runs / Path(resumed.tensorboard_dir).name
         if resumed is not None and resumed.tensorboard_dir
-        else paths.runs / f"{env_file_stem(config.env)}_{time.strftime('%Y%m%d-%H%M%S')}"
+        else paths.runs / new_run_name(env_file_stem(config.env), paths)
     )
     return Launcher(
         config, paths, env_conf, shared_model, optimizer, observation_space.shape,
         tensorboard_dir, resumed, part=part, earlier_logs=earlier_logs,
     )  # fmt: skip
+
+
+def new_run_name(stem: str, paths: RunPaths) -> str:
+    """A fresh run's name: its TensorBoard folder, and its identity in the log and the record.
+
+    The env and the start time to the second, with ``-2``, ``-3`` ... where a run in the same
+    ``--log-dir`` already has that name (started in the same second): two runs of one name
+    would be read as one in the log (the curve) and in the records (a resume's sittings).
+    """
+    name = f"{stem}_{time.strftime('%Y%m%d-%H%M%S')}"
+    taken = {p.name for p in paths.runs.glob(f"{name}*")}
+    with contextlib.suppress(OSError):  # an unreadable log is said when the run opens it
+        taken |= {
+            Path(match["run"].strip()).name
+            for line in paths.log.read_text(errors="replace").splitlines()
+            if name in line and (match := RUN_ID.search(line))
+        }
+    with contextlib.suppress(OSError, ValueError):  # no record, or one the run will set aside
+        record = json.loads(paths.record.read_text())
+        config = record.get("config") if isinstance(record, dict) else None
+        if isinstance(config, dict) and isinstance(config.get("tensorboard_dir"), str):
+            taken.add(Path(config["tensorboard_dir"]).name)
+    unique, count = name, 1
+    while unique in taken:
+        count += 1
+        unique = f"{name}-{count}"
+    return unique
 
 
 # ----------------------------------------------------------------------------------------------

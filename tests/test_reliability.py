@@ -23,8 +23,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import main
 import train
-from checkpoint import TrainingState, file_sha256
+from checkpoint import RunPaths, TrainingState, file_sha256
 from cli import as_dict, parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
 from main import Child, prepare
@@ -1381,6 +1382,31 @@ def test_a_resumed_run_drops_tensorboard_events_past_the_frames_it_resumes_at(
     monitor.open(resumed_from=str(tmp_path / "models" / f"{PONG}_state.pt"))
     monitor.open()  # a new run purges nothing
     assert [m["purge_step"] for m in made] == [6000, None]
+
+
+def test_a_run_started_in_the_same_second_as_another_gets_a_name_of_its_own(tmp_path, monkeypatch):
+    """Two runs of one name in one --log-dir would be one run to the log's reader (the curve)
+    and to the records (a resume's sittings): a fresh run takes a free name."""
+    logs = tmp_path / "logs"
+    paths = RunPaths.of(PONG, f"{logs}/", f"{tmp_path}/models/", f"{tmp_path}/models/", False)
+    logs.mkdir()
+    monkeypatch.setattr(main.time, "strftime", lambda fmt, *args: "20260101-000000")
+    name = f"{PONG}_20260101-000000"
+    assert main.new_run_name(PONG, paths) == name  # nothing in the folder yet
+    (paths.runs / name).mkdir(parents=True)  # its TensorBoard folder (--tensorboard-logger)
+    assert main.new_run_name(PONG, paths) == f"{name}-2"
+    (paths.runs / name).rmdir()
+    block = "2026-01-01 00:00:00,000 : tensorboard_dir: {}\n"
+    paths.log.write_text(block.format(paths.runs / name))  # the log alone names it
+    assert main.new_run_name(PONG, paths) == f"{name}-2"
+    paths.log.write_text(block.format(paths.runs / name) + block.format(f"elsewhere/{name}-2"))
+    assert main.new_run_name(PONG, paths) == f"{name}-3"  # by name, as the log is read
+    paths.log.unlink()
+    paths.record.write_text(json.dumps({"config": {"tensorboard_dir": str(paths.runs / name)}}))
+    assert main.new_run_name(PONG, paths) == f"{name}-2"  # the record alone names it
+    for unfit in ("[1]", "{", '{"config": {"tensorboard_dir": 3}}'):  # set aside by the run
+        paths.record.write_text(unfit)
+        assert main.new_run_name(PONG, paths) == name
 
 
 def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(
