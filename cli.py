@@ -260,9 +260,9 @@ class EvalConfig(CommonConfig):
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     threads: int = flag(
         1,
-        help="CPU threads for the network; more help only on idle cores (a step's forward "
-        "on a 2-core machine: 3.2 ms with 1, 2.7 ms with 2; 47-111 ms with 2 while training "
-        "shares the cores)",
+        help="CPU threads for the network, at most the machine's cores; more help only on idle "
+        "cores (a step's forward on a 2-core machine: 3.2 ms with 1, 2.7 ms with 2; 47-111 ms "
+        "with 2 while training shares the cores)",
     )
     processes: int = flag(
         1,
@@ -563,6 +563,12 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
     require_at_least("--num-episodes", config.num_episodes)
     require_at_least("--render-freq", config.render_freq)
     require_at_least("--threads", config.threads)
+    cores = os.cpu_count() or 1
+    if config.threads > cores:  # never faster, and in the tens of thousands torch crashes
+        raise UsageError(
+            f"--threads {config.threads} is more than this machine's {cores} cores; give at "
+            f"most {cores} (1 where training shares the cores)"
+        )
     require_at_least("--processes", config.processes)
     _validate_common(config)
     if config.render and min(config.processes, config.num_episodes) > 1:

@@ -52,6 +52,7 @@ from utils import (
     run_script,
     setup_logger,
     sigint_ignored,
+    sigterm_interrupts,
     worker_device,
 )
 from visualize import write_gif
@@ -522,7 +523,7 @@ def evaluate(args: EvalConfig) -> dict:
     processes = min(args.processes, args.num_episodes)
     if processes > (os.cpu_count() or 1):
         log.warning(
-            f"--processes {processes} is more than this machine's {os.cpu_count()} cores: "
+            f"--processes {args.processes} is more than this machine's {os.cpu_count()} cores: "
             "the games share them and the evaluation is no faster"
         )
     log.info(
@@ -543,10 +544,12 @@ def evaluate(args: EvalConfig) -> dict:
     start = time.time()
     interrupted = False
     try:
-        if processes > 1:
-            play_in_processes(args, model_path, report, log)
-        else:
-            play_games(args, model_path, range(1, args.num_episodes + 1), args.seed, report, log)
+        with sigterm_interrupts():  # SIGTERM (a scheduler's stop) keeps the games as Ctrl-C
+            if processes > 1:
+                play_in_processes(args, model_path, report, log)
+            else:
+                games = range(1, args.num_episodes + 1)
+                play_games(args, model_path, games, args.seed, report, log)
     except KeyboardInterrupt:
         if not by_game:
             raise

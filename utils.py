@@ -339,6 +339,28 @@ class ReportChannels:
 
 
 @contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so what is done is kept.
+
+    `timeout`, schedulers and ``docker stop`` send SIGTERM, to the process alone: its own
+    clean-up then stops its children. Spawned children start with SIGTERM's default (a handler
+    does not survive ``exec``). Outside the main thread the block does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
     """Start a child in the block: it inherits an ignored SIGINT.
 

@@ -32,9 +32,11 @@ from utils import OneLineParser, UsageError, format_elapsed
 
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
-    r"episode length (?P<length>\d+)(?:, reward mean [-\d.e+]+)?"
-    r"(?:, total steps (?P<steps>\d+))?(?:, total frames (?P<frames>\d+))?"
+    r"episode length (?P<length>\d+), reward mean [-\d.e+]+"
+    r"(?:\s*$|, total steps (?P<steps>\d+), total frames (?P<frames>\d+), frames/s \d+)"
 )
+"""A test game's line, whole: the original's ends at the reward mean; ours goes on to the
+frames/s, so a last line cut mid-write (a killed run's) is not read with a cut count."""
 ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
 """Every process that plays test games logs its arguments first; this line is in every block."""
 STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
@@ -427,8 +429,12 @@ def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
 
     Raises:
         UsageError: the folder cannot be made or the file written, or the suffix names no
-            image format, naming the file.
+            image format (or there is none: matplotlib would write a PNG, over a training log
+            given by mistake), naming the file.
     """
+    not_an_image = f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
+    if not Path(out).suffix:
+        raise UsageError(not_an_image)
     try:
         write_atomic(out, write)
     except OSError as err:
@@ -436,9 +442,7 @@ def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             f"cannot write {str(out)!r} ({err.strerror}); choose a folder you can write"
         ) from None
     except (ValueError, KeyError, cv2.error):  # a format unknown to matplotlib, Pillow, OpenCV
-        raise UsageError(
-            f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
-        ) from None
+        raise UsageError(not_an_image) from None
     return Path(out)
 
 

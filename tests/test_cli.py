@@ -171,6 +171,10 @@ def test_bad_values_raise_a_usage_error_naming_the_value():
         parse_eval_args(["--num-episodes", "0"])
     with pytest.raises(UsageError, match="--threads must be at least 1, got 0"):
         parse_eval_args(["--threads", "0"])
+    cores = os.cpu_count() or 1
+    assert parse_eval_args(["--threads", str(cores)]).threads == cores
+    with pytest.raises(UsageError, match=f"--threads 100000 is more than this machine's {cores} "):
+        parse_eval_args(["--threads", "100000"])  # torch.set_num_threads crashed the process
     with pytest.raises(UsageError, match="--processes must be at least 1, got 0"):
         parse_eval_args(["--processes", "0"])
     with pytest.raises(UsageError, match=r"--gpu-ids mixes -1 \(CPU\) with GPU ids \[-1, 0\]"):
@@ -347,16 +351,18 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     # the reset's NOOP forever, so the paddle never moves and every point is lost.
     model = tmp_path / "pong_agent.dat"
     model.write_bytes((ROOT / "trained_models" / f"{PONG}.dat").read_bytes())
+    threads = min(2, os.cpu_count() or 1)  # at most the machine's cores
     result = script_here(
         "gym_eval.py", "--env", PONG, "--model", str(model), "--num-episodes", "1",
-        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"), "--threads", "2",
+        "--repeat-action-probability", "1", "--log-dir", str(tmp_path / "logs"),
+        "--threads", str(threads),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"evaluating {model} on {PONG} for 1 games (sticky actions 1)" in result.stderr
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["model"] == str(model) and summary["rewards"] == [-21.0]
     assert summary["protocol"]["repeat_action_probability"] == 1.0
-    assert summary["threads"] == 2
+    assert summary["threads"] == threads
     # The same file on another env id, no copy to <env>.dat: ALE's own v5 stack, whose sticky
     # default the flag overrides.
     result = script_here(
@@ -574,11 +580,19 @@ def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
         assert wait_group_gone(run.pid, 20) == []
 
 
-@pytest.mark.parametrize("processes", ["1", "2"])
-def test_ctrl_c_ends_an_evaluation_with_the_games_that_ended_saved(tmp_path, processes):
+@pytest.mark.parametrize(
+    ("processes", "stop"),
+    [("1", "ctrl-c"), ("2", "ctrl-c"), ("2", "sigterm")],
+)
+def test_ctrl_c_or_sigterm_ends_an_evaluation_with_the_games_that_ended_saved(
+    tmp_path, processes, stop
+):
     flags = ["--max-episode-length", "100", "--num-episodes", "1000", "--processes", processes]
     with evaluation_in_its_group(tmp_path, *flags, games=2, stderr=subprocess.PIPE) as run:
-        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        if stop == "ctrl-c":
+            os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        else:
+            os.kill(run.pid, signal.SIGTERM)  # what timeout, schedulers, docker stop do
         _, stderr = run.communicate(timeout=60)
         assert run.returncode == 130, stderr[-2000:]
         assert "Traceback" not in stderr and "of 1000 games: the summary counts" in stderr

@@ -142,6 +142,13 @@ def test_parse_log_reads_our_lines_and_the_originals(tmp_path):
     assert games[0].seconds == 3723 and games[0].reward == 3.0 and games[0].frames == 4000
     both = parse_log(log, all_runs=True)
     assert [g.reward for g in both] == [-21.0, 3.0] and both[0].steps is None
+    # A killed run's last line, cut as it was written, is no game (its counts would be cut).
+    whole = _game(50, 5.0, 3490)
+    for cut in (whole.index("total frames") + 16, whole.index(", frames/s"), len(whole) - 12):
+        log.write_text(_game(40, 4.0, 2000) + whole[:cut])
+        assert [(g.reward, g.frames) for g in parse_log(log)] == [(4.0, 8000)], whole[:cut]
+    log.write_text(_game(40, 4.0, 2000) + whole)
+    assert [g.frames for g in parse_log(log)] == [8000, 13960]
 
 
 def _game(seconds: int, reward: float, steps: int) -> str:
@@ -556,6 +563,8 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
         (["view", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
         (["curve", "{log}", "--out", "{dir}/c.pngx"], "'{dir}/c.pngx': not an image name"),
         (["view", "--steps", "0", "--out", "{dir}/v.txt"], "'{dir}/v.txt': not an image name"),
+        # No suffix (matplotlib's default is a PNG): the training log given twice is kept.
+        (["curve", "{log}", "--out", "{log}"], "'{log}': not an image name; end it in .png"),
     ],
 )  # fmt: skip
 def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
@@ -582,6 +591,7 @@ def test_visualize_bad_files_are_one_line(tmp_path, capsys, args, message):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("visualize.py: error: "), lines
     assert fill(message) in lines[0]
+    assert names["log"].read_text() == _game(40, 3.0, 1000)
 
 
 def test_ctrl_c_in_visualize_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
