@@ -264,6 +264,41 @@ def training_record(
     }
 
 
+def eval_env(args: EvalConfig, env_conf: dict[str, int], render_mode: str | None) -> gym.Env:
+    """The env the evaluation plays (`render_mode`: ``rgb_array`` to record, ``human`` to show)."""
+    return make_env(
+        args.env, env_conf, args.max_episode_length, args.skip_rate, args.vector_obs_norm,
+        render_mode=render_mode, repeat_action_probability=args.repeat_action_probability,
+    )  # fmt: skip
+
+
+def recorded_render_mode(args: EvalConfig) -> str | None:
+    """``rgb_array`` where the games are recorded (``--new-gym-eval``, ``--demo``)."""
+    return "rgb_array" if args.new_gym_eval or args.demo else None
+
+
+def check_playable(args: EvalConfig, model_path: Path) -> None:
+    """Refuse, before anything is written, what would stop the first game.
+
+    An env that cannot be made (or drawn, where the games are recorded), a file that holds no
+    weights for its network.
+
+    Raises:
+        UsageError: the env or the file cannot be played (`load_weights`' line).
+        gym.error.DependencyNotInstalled: drawing the env needs a package not installed.
+    """
+    render_mode = recorded_render_mode(args)
+    env = eval_env(args, env_config(read_config(args.env_config), args.env), render_mode)
+    try:
+        model = build_model(env.observation_space, env.action_space, args.hidden_size)
+        load_weights(model, model_path)
+        if render_mode is not None:
+            env.reset(seed=0)
+            env.render()
+    finally:
+        env.close()
+
+
 def play_games(
     args: EvalConfig,
     model_path: Path,
@@ -293,17 +328,10 @@ def play_games(
     torch.set_num_threads(args.threads)
     torch.manual_seed(first_seed)
 
-    def build_env(render_mode: str | None) -> gym.Env:
-        return make_env(
-            args.env, env_conf, args.max_episode_length, args.skip_rate, args.vector_obs_norm,
-            render_mode=render_mode, repeat_action_probability=args.repeat_action_probability,
-        )  # fmt: skip
-
-    render_mode = "rgb_array" if args.new_gym_eval or args.demo else None
-    env = build_env(render_mode)
+    env = eval_env(args, env_conf, recorded_render_mode(args))
     if wrap_env is not None:
         env = wrap_env(env)
-    shown = build_env("human") if args.render else None
+    shown = eval_env(args, env_conf, "human") if args.render else None
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     load_weights(model, model_path)
     model.to(device).eval()
@@ -499,6 +527,7 @@ def evaluate(args: EvalConfig) -> dict:
         raise UsageError(
             f"--model {args.model!r} {what}; give the path of a .dat or training-state file"
         )
+    check_playable(args, model_path)
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     check_writable(
         (args.log_dir, "--log-dir"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -28,7 +29,7 @@ from cli import (
     parse_eval_args,
     parse_train_args,
 )
-from gym_eval import QUIET_TAIL_STEPS, cut_short, process_seed
+from gym_eval import QUIET_TAIL_STEPS, cut_short, play_in_processes, process_seed
 from main import Child, prepare
 from model import A3Clstm
 from monitor import run_totals
@@ -501,16 +502,23 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "in 2 processes" not in result.stderr and "in 3 processes" not in result.stderr
     assert json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())["processes"] == 1
-    # A process's bad value reaches the user as one line, not a traceback or a hang.
-    result = run_cli(
-        "gym_eval.py", *flags, "--num-episodes", "2", "--processes", "2",
-        "--model", str(tmp_path / "models" / f"{PONG}.dat"), "--hidden-size", "64",
-        "--log-dir", str(tmp_path / "logs"),
-    )  # fmt: skip
+    # A file for another network is refused in one line before any process starts or any
+    # file is written ...
+    other = [*flags, "--num-episodes", "2", "--processes", "2", "--hidden-size", "64"]
+    result = script_here("gym_eval.py", *other, "--log-dir", str(tmp_path / "refused"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "gym_eval.py: error: checkpoint "
-    ) and result.stderr.strip().endswith("pass --hidden-size 32")
+    assert result.stderr.strip().splitlines() == [
+        f"gym_eval.py: error: checkpoint {str(tmp_path / 'models' / f'{PONG}.dat')!r} was "
+        "saved with --hidden-size 32; this run uses 64: pass --hidden-size 32"
+    ]
+    assert not (tmp_path / "refused").exists()
+    # ... and a process's bad value all the same (the file replaced since) reaches the
+    # evaluation as that one line, not a traceback or a hang.
+    with pytest.raises(UsageError, match="this run uses 64: pass --hidden-size 32$"):
+        play_in_processes(
+            parse_eval_args(other), tmp_path / "models" / f"{PONG}.dat",
+            lambda game, result: None, logging.getLogger("test.play_in_processes"),
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
@@ -538,6 +546,8 @@ def test_gym_eval_says_in_one_line_when_drawing_needs_a_package(tmp_path, proces
     assert result.returncode == 2 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("gym_eval.py: error: drawing CartPole-v1 needs a package"), last
+    # Found before anything is written: no log, no empty demo folder.
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "demo").exists()
 
 
 @contextlib.contextmanager
