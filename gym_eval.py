@@ -57,9 +57,11 @@ from utils import (
 )
 from visualize import write_gif
 
-VIDEO_FPS = 30
 DEMO_FPS = 15
 """One frame per agent step: with 4-frame skip, real time."""
+VIDEO_FPS = DEMO_FPS
+"""``--new-gym-eval``'s MP4s, one frame per agent step too: real time (at 30 they ran at twice
+the game's speed)."""
 DEMO_MAX_FRAMES = 1500
 """Frames a demo keeps at most (a few MB of GIF); a longer game keeps every 2nd, 4th, ... frame."""
 QUIET_TAIL_STEPS = 2000

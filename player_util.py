@@ -513,7 +513,8 @@ class GameResult:
     """One greedy game.
 
     Attributes:
-        reward: the game's total reward, as the game gave it (not clipped).
+        reward: the game's total reward over the agent's steps, as the game gave it (not
+            clipped; the reset's no-op and FIRE steps count none, as in the original).
         length: agent steps, every life of the game together.
         ending: `GAME_OVER`; `TIME_LIMIT` (``--max-episode-length``); `STALLED` (``--stall-steps``
             steps in a row without a reward, e.g. Breakout waiting for a FIRE the agent never
