@@ -746,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             if not 0 <= args.seed <= MAX_SEED:
                 raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
             out = args.out or f"demo/{env_file_stem(args.env)}_view.png"
+            if not args.out and Path(out).exists():  # demo/ holds the shipped pictures
+                print(f"visualize.py: writing over {out}; --out keeps it", file=sys.stderr)
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
         elif args.command == "milestone":
             games = parse_sittings(args.log)

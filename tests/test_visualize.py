@@ -332,6 +332,22 @@ def test_input_view_has_the_expected_size(tmp_path):
     assert np.array_equal(panel[..., 0], panel[..., 1])
 
 
+def test_input_view_by_default_writes_in_demo_and_says_when_it_writes_over_one(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # demo/ here holds the shipped pictures
+    view = ["visualize.py", "view", "--steps", "0", "--env-config", str(ROOT / "config.json")]
+    first = script_here(*view)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    shipped = tmp_path / "demo" / "PongNoFrameskip-v4_view.png"
+    assert cv2.imread(str(shipped)) is not None
+    again = script_here(*view)
+    assert again.returncode == 0
+    assert again.stderr == (
+        "visualize.py: writing over demo/PongNoFrameskip-v4_view.png; --out keeps it\n"
+    )
+
+
 def test_input_view_rejects_non_atari_ids(tmp_path):
     result = script_here("visualize.py", "view", "--env", "CartPole-v1")
     assert result.returncode == 2 and "not an Atari game" in result.stderr
