@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
 
 import gymnasium as gym  # noqa: E402
+from bench_step import at_least  # noqa: E402
 from bench_training import output_file, run_script  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=str, default="")
     args = parser.parse_args(argv)
     output_file(parser, "--json", args.json)
+    at_least(parser, 1, hidden_size=args.hidden_size, exchanges=args.exchanges)
+    at_least(parser, 1, pushers=args.pushers)
 
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

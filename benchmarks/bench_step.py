@@ -61,6 +61,21 @@ def mode_flags(mode: str) -> list[str]:
     return flags
 
 
+def at_least(parser: argparse.ArgumentParser, minimum: float, **flags: float) -> None:
+    """Refuse (``parser.error``) a flag below `minimum`: ``at_least(p, 1, workers=0)``."""
+    for name, value in flags.items():
+        if not value >= minimum:  # NaN too
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be at least {minimum:g}, got {value:g}")
+
+
+def positive(parser: argparse.ArgumentParser, **flags: float) -> None:
+    """Refuse (``parser.error``) a flag that is not above 0: ``positive(p, seconds=0)``."""
+    for name, value in flags.items():
+        if not value > 0:  # NaN too
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+
+
 def main_py_refusal(flags: Sequence[str]) -> str | None:
     """Why main.py would refuse `flags` at start-up, in its own words, or None if it would not.
 
@@ -175,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-ids", type=int, nargs="+", default=[-1], help="as main.py's (-1: the CPU)"
     )
     args = p.parse_args(argv)
-    if args.warmup_updates < 1:
-        p.error(f"--warmup-updates must be at least 1, got {args.warmup_updates}")
+    at_least(p, 1, warmup_updates=args.warmup_updates, rounds=args.rounds)
+    positive(p, seconds=args.seconds)
     gpu_flags = ["--gpu-ids", *map(str, args.gpu_ids)]
     for mode in args.modes:
         try:

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_step import main_py_refusal, mode_flags  # noqa: E402
+from bench_step import at_least, main_py_refusal, mode_flags, positive  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
 from main import STOPPING  # noqa: E402
@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     output_file(p, "--json", args.json)
+    positive(p, seconds=args.seconds, status_interval=args.status_interval)
+    at_least(p, 0, warmup=args.warmup)
+    at_least(p, 1, workers=min(args.workers))
     if args.seconds <= args.warmup + 2 * args.status_interval:
         print(
             f"bench_training.py: error: --seconds {args.seconds:g} must exceed --warmup "

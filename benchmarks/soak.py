@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_step import at_least, positive  # noqa: E402
 from bench_training import (  # noqa: E402
     group_processes,
     output_file,
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the samples here")
     args = p.parse_args(argv)
     output_file(p, "--json", args.json)
+    positive(p, minutes=args.minutes, every=args.every)
+    at_least(p, 0, warmup=args.warmup)
+    at_least(p, 1, workers=args.workers)
 
     samples = []
     with tempfile.TemporaryDirectory() as tmp, stop_signals():

@@ -350,6 +350,32 @@ def test_time_to_score_checks_where_it_writes_before_the_first_run(
     assert stop.value.code == 2 and words.format(**names) in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("script", "args", "words"),
+    [
+        ("bench_exchange", ["--exchanges", "0"], "--exchanges must be at least 1, got 0"),
+        ("bench_exchange", ["--hidden-size", "0"], "--hidden-size must be at least 1, got 0"),
+        ("soak", ["--every", "-1"], "--every must be positive, got -1"),
+        ("soak", ["--minutes", "0"], "--minutes must be positive, got 0"),
+        ("bench_training", ["--status-interval", "0"], "--status-interval must be positive, got 0"),
+        ("bench_training", ["--workers", "2", "0"], "--workers must be at least 1, got 0"),
+        ("bench_step", ["--seconds", "nan"], "--seconds must be positive, got nan"),
+    ],
+)
+def test_benchmarks_refuse_counts_and_times_that_cannot_work_before_they_start(
+    monkeypatch, capsys, script, args, words
+):
+    """Before a Ray cluster, main.py or a timed loop starts (they failed late: a traceback, a
+    sleep of -1 s, a busy loop, a whole run for nothing)."""
+    import importlib
+
+    module = importlib.import_module(script)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started main.py"))
+    with pytest.raises(SystemExit) as stop:
+        module.main(args)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_time_to_score_names_each_run_apart():
     """Kept logs and weights are named after the flags; no two runs share a name."""
     labels = time_to_score.config_labels(["--lr=1e-4", "--lr 1e-4", "", "--lr=1e-4", "", "a_2"])
