@@ -347,13 +347,18 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
     return validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
 
 
-def parse_eval_args(argv: Sequence[str] | None = None) -> EvalConfig:
+def parse_eval_args(
+    argv: Sequence[str] | None = None, description: str = EVAL_DESCRIPTION
+) -> EvalConfig:
     """gym_eval.py's command line, parsed and checked.
+
+    `description` heads ``--help``: a benchmark that takes gym_eval.py's flags says what it
+    does itself.
 
     Raises:
         UsageError: a value that cannot work (argparse's own errors exit with code 2).
     """
-    return validate_eval(_parse(EvalConfig, EVAL_DESCRIPTION, argv, None))
+    return validate_eval(_parse(EvalConfig, description, argv, None))
 
 
 def flag_reference() -> str:

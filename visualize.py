@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import re
 import shlex
 import sys
@@ -268,6 +269,11 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     if reached is None:
         best = max(moving_average([g.reward for g in games], window)[window - 1 :], default=None)
         so_far = "" if best is None else f" (best {window}-game mean so far {best:.2f})"
+        if len(games) < window:
+            return (
+                f"the mean of {window} test games has not reached {reward:g}: {len(games)} "
+                f"games so far, fewer than the window (--window sets it)"
+            )
         return (
             f"the mean of {window} test games has not reached {reward:g} in "
             f"{len(games)} games{so_far}"
@@ -693,7 +699,7 @@ def _results_row(summary: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """``curve``, ``view`` and ``table`` subcommands."""
     p = OneLineParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{curve,view,milestone,table}")
     curve = sub.add_parser("curve", help="PNG of test reward vs frames and wall time from a log")
     curve.add_argument(
         "log",
@@ -720,9 +726,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs="+",
         default=[18.0],
-        help="the reward(s) to reach, one line each (e.g. 50 100 200 300 400)",
+        help="the reward(s) to reach, one line each (default 18, Pong's; e.g. 50 100 200 300 "
+        "400 for Breakout, 475 for CartPole)",
     )
-    milestone.add_argument("--window", type=int, default=10, help="games in the mean")
+    milestone.add_argument("--window", type=int, default=10, help="games in the mean (10)")
     table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
     table.add_argument("summaries", nargs="+", help="<log-dir><env>_eval.json files")
     return p
@@ -750,6 +757,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"visualize.py: writing over {out}; --out keeps it", file=sys.stderr)
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
         elif args.command == "milestone":
+            if args.window < 1:
+                raise UsageError(f"--window must be at least 1, got {args.window}")
+            for reward in args.reward:
+                if not math.isfinite(reward):
+                    raise UsageError(f"--reward must be a finite number, got {reward}")
             games = parse_sittings(args.log)
             if not games:
                 names = ", ".join(repr(log) for log in args.log)

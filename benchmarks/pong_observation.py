@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `gym_eval.py` with the max-pool off; returns its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = parse_eval_args(argv)
+        args = parse_eval_args(argv, f"{__doc__.splitlines()[0]} (gym_eval.py's flags)")
         if args.processes != 1:  # the patch below is this process's: spawned ones pool
             raise UsageError(
                 f"--processes {args.processes}: pong_observation.py plays in one process; drop it"

@@ -296,6 +296,11 @@ def test_milestone_is_the_first_full_window_reaching_the_reward(tmp_path):
     assert "has not reached 21.5 in 9 games (best 3-game mean so far 20.67)" in (
         describe_milestone(games, 21.5, 3)
     )
+    # Fewer games than the window: every game above the reward is still no mean of 10.
+    assert describe_milestone(games, 0.0, 10) == (
+        "the mean of 10 test games has not reached 0: 9 games so far, fewer than the window "
+        "(--window sets it)"
+    )
 
     log = tmp_path / "x_log"
     log.write_text(_block("r") + "".join(_game(10 + i, r, 100 * i) for i, r in enumerate(rewards)))
@@ -577,6 +582,8 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
          "cannot write '{file}/c.png' (File exists); choose a folder you can write"),
         (["view", "--steps", "0", "--out", "{file}/v.png"], "cannot write '{file}/v.png'"),
         (["view", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+        (["milestone", "{log}", "--reward", "1", "nan"], "--reward must be a finite number, got"),
+        (["milestone", "{log}", "--window", "0"], "--window must be at least 1, got 0"),
         (["curve", "{log}", "--out", "{dir}/c.pngx"], "'{dir}/c.pngx': not an image name"),
         (["view", "--steps", "0", "--out", "{dir}/v.txt"], "'{dir}/v.txt': not an image name"),
         # No suffix (matplotlib's default is a PNG): the training log given twice is kept.
