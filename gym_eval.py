@@ -40,7 +40,15 @@ from checkpoint import (
     write_json_atomic,
 )
 from cli import EvalConfig, parse_eval_args
-from environment import env_config, make_env, protocol, read_config, register_games
+from environment import (
+    env_config,
+    frames_per_step,
+    is_atari,
+    make_env,
+    protocol,
+    read_config,
+    register_games,
+)
 from model import build_model
 from monitor import counted_sittings, run_totals, up_to_weights
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
@@ -57,11 +65,8 @@ from utils import (
 )
 from visualize import write_gif
 
-DEMO_FPS = 15
-"""One frame per agent step: with 4-frame skip, real time."""
-VIDEO_FPS = DEMO_FPS
-"""``--new-gym-eval``'s MP4s, one frame per agent step too: real time (at 30 they ran at twice
-the game's speed)."""
+ATARI_HZ = 60
+"""Emulator frames a second of an Atari game."""
 DEMO_MAX_FRAMES = 1500
 """Frames a demo keeps at most (a few MB of GIF); a longer game keeps every 2nd, 4th, ... frame."""
 QUIET_TAIL_STEPS = 2000
@@ -88,7 +93,7 @@ class VideoRecorder:
     game's name, nor a half-written one over an earlier file.
     """
 
-    def __init__(self, path: Path, fps: float = VIDEO_FPS):
+    def __init__(self, path: Path, fps: float):
         self.path = path
         self.partial = path.with_name(f"{path.stem}.partial{path.suffix}")
         self.fps = fps
@@ -128,10 +133,11 @@ class DemoFrames:
     is shown whole and plays back at the same speed (`fps` falls with the stride), less smoothly.
     """
 
-    def __init__(self, cap: int = DEMO_MAX_FRAMES):
-        """An empty demo of at most `cap` frames (at least 2)."""
+    def __init__(self, steps_per_second: float, cap: int = DEMO_MAX_FRAMES):
+        """An empty demo of at most `cap` frames (at least 2), one an agent step at first."""
         if cap < 2:
             raise ValueError(f"expected cap >= 2, got {cap}")
+        self.steps_per_second = steps_per_second
         self.cap = cap
         self.frames: list[np.ndarray] = []
         self.stride = 1
@@ -148,8 +154,20 @@ class DemoFrames:
 
     @property
     def fps(self) -> float:
-        """Playback rate that keeps the game's own speed (one agent step is 1/15 s)."""
-        return DEMO_FPS / self.stride
+        """Playback rate that keeps the game's own speed."""
+        return self.steps_per_second / self.stride
+
+
+def real_time_fps(env_id: str, skip_rate: int, env: gym.Env) -> float:
+    """Agent steps per second of the game's own time.
+
+    A recording of one frame a step at this rate plays at the game's speed (Atari: 60 emulator
+    frames a second, 15 steps at a 4-frame skip; others: the env's ``render_fps``, CartPole's
+    50). At 30 (the videos until 2026-11-29) Atari games played at twice their speed.
+    """
+    if is_atari(env_id):
+        return ATARI_HZ / frames_per_step(env_id, skip_rate)
+    return float(env.metadata.get("render_fps") or 30)
 
 
 def cut_short(results: list[GameResult]) -> str:
@@ -340,6 +358,7 @@ def play_games(
     if model.channels_last_suits(device):
         model.use_channels_last()
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
+    fps = real_time_fps(args.env, args.skip_rate, env)  # recordings play at the game's speed
     player = GreedyPlayer(model, env, device)
     # Each env is seeded at its first game (with --render the window's and the other one
     # play turns): the first game played with `first_seed`, the other env's with one drawn
@@ -355,8 +374,8 @@ def play_games(
             seeded.add(id(player.env))
             recorder = None
             if args.new_gym_eval:
-                recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4")
-            demo = DemoFrames() if args.demo and game == 1 else None
+                recorder = VideoRecorder(video_dir / f"{stem}_game{game:04d}.mp4", fps)
+            demo = DemoFrames(fps) if args.demo and game == 1 else None
 
             def on_frame(frame: np.ndarray, recorder=recorder, demo=demo) -> None:
                 if recorder is not None:
@@ -520,8 +539,8 @@ def play_in_processes(
 def evaluate(args: EvalConfig) -> dict:
     """Play ``--num-episodes`` greedy games and return the summary (also logged and saved).
 
-    Ctrl-C ends the evaluation early: the games that ended are summarised and saved, the
-    summary marked ``interrupted`` (a KeyboardInterrupt goes on when none had ended).
+    Ctrl-C (or SIGTERM) ends the evaluation early: the games that ended are summarised and
+    saved, the summary marked ``interrupted`` (a KeyboardInterrupt goes on when none had ended).
     """
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
@@ -655,7 +674,7 @@ def summarised_model(json_path: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the exit code.
 
-    0 ok, 1 a game process failed, 2 bad input, 130 interrupted by Ctrl-C.
+    0 ok, 1 a game process failed, 2 bad input, 130 interrupted by Ctrl-C or SIGTERM.
     """
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     try:

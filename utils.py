@@ -344,9 +344,13 @@ def sigterm_interrupts() -> Iterator[None]:
 
     `timeout`, schedulers and ``docker stop`` send SIGTERM, to the process alone: its own
     clean-up then stops its children. Spawned children start with SIGTERM's default (a handler
-    does not survive ``exec``). Outside the main thread the block does nothing.
+    does not survive ``exec``). Outside the main thread, or where SIGTERM was ignored by
+    whoever started the process, the block does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    ):
         yield
         return
 

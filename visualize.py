@@ -34,10 +34,12 @@ from utils import OneLineParser, UsageError, format_elapsed
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
     r"episode length (?P<length>\d+), reward mean [-\d.e+]+"
-    r"(?:\s*$|, total steps (?P<steps>\d+), total frames (?P<frames>\d+), frames/s \d+)"
+    r"(?:\s*$|, total steps (?P<steps>\d+)(?:, total frames (?P<frames>\d+))?, "
+    r"frames/s \d+(?=$|, ))"
 )
 """A test game's line, whole: the original's ends at the reward mean; ours goes on to the
-frames/s, so a last line cut mid-write (a killed run's) is not read with a cut count."""
+frames/s (and the first day's had no total frames), then at most a note of how it ended. A
+line cut mid-write by a killed run and continued by the next sitting's first line is none."""
 ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
 """Every process that plays test games logs its arguments first; this line is in every block."""
 STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
@@ -103,20 +105,23 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
     With `all_runs`, the first run's; an empty one where the log has no game.
     """
     try:
-        lines = Path(path).read_text(errors="replace").splitlines()
+        text = Path(path).read_text(errors="replace")
     except FileNotFoundError:
         raise UsageError(f"log {str(path)!r} not found; pass a <log-dir><env>_log file") from None
     except OSError as err:
         raise UsageError(
             f"cannot read log {str(path)!r} ({err.strerror}); pass a <log-dir><env>_log file"
         ) from None
+    lines = text.splitlines()
+    # A last line with no newline is still being written, or was cut by a kill: no game yet.
+    whole = lines if text.endswith("\n") else lines[:-1]
     games: list[TestGame] = []
     start = LogStart("", None, None)
     run: str | None = None  # the run the games so far belong to
     block: str | None = None  # the argument block read since the last game ("": no run id)
     block_steps: int | None = None  # its steps_at_start, where it has one
     block_loaded: bool | None = None  # its --load, where it says
-    for line in lines:
+    for line in whole:
         if match := STEPS_AT_START.search(line):
             block_steps = int(match["steps"])
             continue

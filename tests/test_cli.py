@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cv2
 import gymnasium as gym
 import pytest
 import torch
@@ -344,6 +345,9 @@ def test_gym_eval_records_videos(tmp_path):
     videos = list((tmp_path / "logs" / "videos").iterdir())
     assert [v.name for v in videos] == [f"{PONG}_game0001.mp4"]  # named once the game ended
     assert videos[0].stat().st_size > 1000
+    video = cv2.VideoCapture(str(videos[0]))
+    assert video.get(cv2.CAP_PROP_FPS) == 15  # one frame a step: the game's own speed
+    video.release()
 
 
 @pytest.mark.slow

@@ -142,13 +142,23 @@ def test_parse_log_reads_our_lines_and_the_originals(tmp_path):
     assert games[0].seconds == 3723 and games[0].reward == 3.0 and games[0].frames == 4000
     both = parse_log(log, all_runs=True)
     assert [g.reward for g in both] == [-21.0, 3.0] and both[0].steps is None
-    # A killed run's last line, cut as it was written, is no game (its counts would be cut).
+    # A killed run's last line, cut as it was written, is no game (its counts would be cut,
+    # or missing), nor is it where the next sitting's first line continues it.
     whole = _game(50, 5.0, 3490)
-    for cut in (whole.index("total frames") + 16, whole.index(", frames/s"), len(whole) - 12):
-        log.write_text(_game(40, 4.0, 2000) + whole[:cut])
-        assert [(g.reward, g.frames) for g in parse_log(log)] == [(4.0, 8000)], whole[:cut]
+    cuts = [
+        whole.index("reward mean") + 13, whole.index(", total steps"),
+        whole.index("total frames") + 16, whole.index(", frames/s"), len(whole) - 3,
+    ]  # fmt: skip
+    for cut in cuts:
+        for after in ("", _block("r", 3000) + _game(60, 6.0, 3600)):
+            log.write_text(_block("r") + _game(40, 4.0, 2000) + whole[:cut] + after)
+            games = [(g.reward, g.steps) for g in parse_log(log)]
+            assert games == [(4.0, 2000)] + [(6.0, 3600)] * bool(after), whole[:cut]
     log.write_text(_game(40, 4.0, 2000) + whole)
     assert [g.frames for g in parse_log(log)] == [8000, 13960]
+    # The first day's lines (2026-11-21) had no total frames.
+    log.write_text(whole.replace(", total frames 13960", ""))
+    assert [(g.steps, g.frames) for g in parse_log(log)] == [(3490, None)]
 
 
 def _game(seconds: int, reward: float, steps: int) -> str:
@@ -394,7 +404,7 @@ def test_a_game_video_gets_its_name_only_when_the_game_ended(tmp_path):
     from gym_eval import VideoRecorder
 
     frame = np.zeros((210, 160, 3), np.uint8)
-    ended, stopped = (VideoRecorder(tmp_path / f"{name}.mp4") for name in ("ended", "stopped"))
+    ended, stopped = (VideoRecorder(tmp_path / f"{name}.mp4", 15) for name in ("ended", "stopped"))
     for recorder in (ended, stopped):
         recorder.add(frame)
         recorder.add(frame)
@@ -628,16 +638,28 @@ def test_ctrl_c_in_visualize_is_one_line_and_exit_130(tmp_path, monkeypatch, cap
     assert capsys.readouterr().err == "visualize.py: stopped\n"
 
 
-def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
-    from gym_eval import DEMO_FPS, DemoFrames
+def test_recordings_play_at_the_games_own_speed():
+    import gymnasium as gym
 
-    demo = DemoFrames(cap=10)
+    from gym_eval import real_time_fps
+
+    cartpole = gym.make("CartPole-v1")
+    assert real_time_fps("PongNoFrameskip-v4", 4, cartpole) == 15.0  # 60 frames a second
+    assert real_time_fps("PongNoFrameskip-v4", 2, cartpole) == 30.0
+    assert real_time_fps("ALE/Pong-v5", 4, cartpole) == 15.0  # ALE's own skip of 4
+    assert real_time_fps("CartPole-v1", 4, cartpole) == 50.0  # its render_fps (tau 0.02 s)
+
+
+def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
+    from gym_eval import DemoFrames
+
+    demo = DemoFrames(15.0, cap=10)
     for step in range(7):
         demo.add(np.full((2, 2, 3), step, np.uint8))
-    assert [int(f[0, 0, 0]) for f in demo.frames] == list(range(7)) and demo.fps == DEMO_FPS
+    assert [int(f[0, 0, 0]) for f in demo.frames] == list(range(7)) and demo.fps == 15.0
     for step in range(7, 45):
         demo.add(np.full((2, 2, 3), step, np.uint8))
     kept = [int(f[0, 0, 0]) for f in demo.frames]
     # 45 screens: past 10 frames the stride went 1 -> 2 -> 4 -> 8: screens 0, 8, 16, ...
-    assert demo.stride == 8 and demo.fps == DEMO_FPS / 8
+    assert demo.stride == 8 and demo.fps == 15.0 / 8
     assert kept == [0, 8, 16, 24, 32, 40] and len(kept) <= 10
