@@ -272,13 +272,13 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     """One line: when (wall time, frames, game number) the `window`-game mean reached `reward`."""
     reached = first_reaching(games, reward, window)
     if reached is None:
-        best = max(moving_average([g.reward for g in games], window)[window - 1 :], default=None)
-        so_far = "" if best is None else f" (best {window}-game mean so far {best:.2f})"
         if len(games) < window:
             return (
                 f"the mean of {window} test games has not reached {reward:g}: {len(games)} "
                 f"games so far, fewer than the window (--window sets it)"
             )
+        best = max(moving_average([g.reward for g in games], window)[window - 1 :], default=None)
+        so_far = "" if best is None else f" (best {window}-game mean so far {best:.2f})"
         return (
             f"the mean of {window} test games has not reached {reward:g} in "
             f"{len(games)} games{so_far}"
@@ -744,9 +744,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the exit code (0 ok, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "window", 1) < 1:  # curve's and milestone's
+            raise UsageError(f"--window must be at least 1, got {args.window}")
         if args.command == "curve":
-            if args.window < 1:
-                raise UsageError(f"--window must be at least 1, got {args.window}")
             log = Path(args.log[-1])
             out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
             print(plot_curve(list(args.log), out, args.window))
@@ -762,8 +762,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"visualize.py: writing over {out}; --out keeps it", file=sys.stderr)
             print(write_png(input_view(args.env, args.env_config, args.steps, args.seed), out))
         elif args.command == "milestone":
-            if args.window < 1:
-                raise UsageError(f"--window must be at least 1, got {args.window}")
             for reward in args.reward:
                 if not math.isfinite(reward):
                     raise UsageError(f"--reward must be a finite number, got {reward}")

@@ -181,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=str, default="")
     args = parser.parse_args(argv)
     output_file(parser, "--json", args.json)
-    at_least(parser, 1, hidden_size=args.hidden_size, exchanges=args.exchanges)
-    at_least(parser, 1, pushers=args.pushers)
+    at_least(
+        parser, 1, hidden_size=args.hidden_size, exchanges=args.exchanges, pushers=args.pushers
+    )
 
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
