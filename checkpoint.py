@@ -7,7 +7,9 @@ written through a temporary file and a rename, and read with ``weights_only=True
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -15,6 +17,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import tempfile
 import threading
 import warnings
@@ -460,3 +463,118 @@ class RunPaths:
             load_model=checkpoint_path(load_model_dir, env_id),
             load_state=checkpoint_path(load_model_dir, env_id, f"{STATE_SUFFIX}.pt"),
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# One run at a time in a folder
+# ----------------------------------------------------------------------------------------------
+
+
+# What marks a folder as written by a live run of an env: ``<folder><env>.lock``.
+RUN_LOCK_SUFFIX = ".lock"
+
+_held_run_locks: dict[tuple[int, int], tuple[Path, int]] = {}
+"""The run locks this process holds, by the lock file's device and inode (the same file by any
+name or after a move): its path and the open file the ``flock`` is on."""
+
+
+def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
+    """Mark `folder` as written by this process's run of `env_id`, until the process ends.
+
+    Two runs of one env writing one folder at once (a run resumed in a second terminal while
+    the first still trains, two fresh runs with the default folders) write over each other's
+    weights, training state, log and record. The mark is an exclusive ``flock`` on
+    ``<folder><env>.lock``, which the kernel lets go when the process ends however it ends (a
+    SIGKILL too): a crash leaves no stale lock, only the file, which the next run takes. A
+    normal exit removes the file (`release_run_locks`). The process that holds the mark may
+    take it again (a launcher prepared twice in one process, as tests do); runs of other envs
+    are not kept out.
+
+    Does nothing where the folder does not exist (no run writes there: called again once
+    `utils.check_writable` has made it) or refuses files (`check_writable` says so), and
+    where the file system has no locks.
+
+    Args:
+        folder: a folder the run writes: ``--save-model-dir`` or ``--log-dir``.
+        env_id: the run's env id.
+        flag: the flag that named the folder, for the error.
+
+    Raises:
+        UsageError: another live process holds the mark; names its process id and the fix.
+    """
+    path = checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX)
+    while True:  # until the file locked is the one at `path` (another run's exit removes it)
+        opened = _open_lock_file(path)
+        if opened is None:  # no folder yet, or not writable: check_writable's to say
+            return
+        fd, made = opened
+        try:
+            found = os.fstat(fd)
+            if (found.st_dev, found.st_ino) in _held_run_locks:  # this process's own
+                os.close(fd)
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
+                raise UsageError(
+                    f"{flag} {str(folder)!r} is being written by another run of {env_id} "
+                    f"(process {holder}), which would write over this run's files and this run "
+                    f"over its; stop that run first, or give {flag} another folder"
+                ) from None
+            except OSError:  # a file system without locks: run as the original does
+                if made:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                os.close(fd)
+                return
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == found.st_ino:
+                    with contextlib.suppress(OSError):  # another user's file, opened to read
+                        os.ftruncate(fd, 0)
+                        os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
+                    _held_run_locks[found.st_dev, found.st_ino] = (path.absolute(), fd)
+                    return
+            os.close(fd)  # removed (or replaced) by the run that held it, between open and lock
+        except BaseException:  # the refusal above, or a Ctrl-C: no file left open
+            os.close(fd)
+            raise
+
+
+def _open_lock_file(path: Path) -> tuple[int, bool] | None:
+    """`path` opened (made where missing) and whether this call made it.
+
+    None where it can be neither: no folder there, or one this process may not write.
+    """
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        for flags in (os.O_RDWR, os.O_RDONLY):
+            try:
+                return os.open(path, flags), False
+            except PermissionError:  # another user's, in a shared folder: a lock needs no write
+                continue
+            except FileNotFoundError:  # its run removed it meanwhile: make it afresh
+                break
+            except OSError:
+                return None
+        else:
+            return None  # neither writable nor readable
+
+
+def release_run_locks() -> None:
+    """Remove this process's run-lock files and let their locks go (at its exit)."""
+    while _held_run_locks:
+        (device, inode), (path, fd) = _held_run_locks.popitem()
+        with contextlib.suppress(OSError):
+            found = os.stat(path)
+            if (found.st_dev, found.st_ino) == (device, inode):  # not moved or replaced
+                path.unlink()  # while still locked: a run waiting on it then opens afresh
+        os.close(fd)
+
+
+atexit.register(release_run_locks)

@@ -32,7 +32,9 @@ from checkpoint import (
     check_state_dict,
     cpu_state_dict,
     env_file_stem,
+    hold_run_lock,
     load_weights,
+    release_run_locks,
     save_atomic,
 )
 from cli import TrainConfig, as_dict, parse_train_args
@@ -245,6 +247,9 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     paths = RunPaths.of(
         config.env, config.log_dir, config.save_model_dir, config.load_model_dir, config.save_max
     )
+    run_folders = ((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
+    for folder, flag in run_folders:  # first: another live run there is what to say, if any
+        hold_run_lock(folder, config.env, flag)
     resumes_it = same_file(paths.state, paths.load_state)  # the state --load would read
     # os.path.exists: False for a folder that cannot be read, which check_writable names below.
     if os.path.exists(paths.state) and not (config.load and resumes_it):
@@ -288,7 +293,9 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         optimizer.share_memory()
 
     # Only once every check has passed: a bad input stays one line and leaves no folder behind.
-    check_writable((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
+    check_writable(*run_folders)
+    for folder, flag in run_folders:  # those it made
+        hold_run_lock(folder, config.env, flag)
     # Resumed from this folder's training state: its <env>_last.dat is the run's own.
     continued_here = resumed is not None and same_file(paths.load_state, paths.state)
     if config.save_max and paths.final_model.exists() and not continued_here:
@@ -883,20 +890,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
-        config = parse_train_args(argv)
-        if config.ray_address:
-            from cluster import run_cluster
+        try:
+            config = parse_train_args(argv)
+            if config.ray_address:
+                from cluster import run_cluster
 
-            return run_cluster(config)
-        launcher = prepare(config)
-        launcher.open_record()
-    except UsageError as err:
-        print(f"main.py: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
-        print(STOPPED_BEFORE_TRAINING, file=sys.stderr)
-        return INTERRUPTED_EXIT
-    return launcher.run()
+                return run_cluster(config)
+            launcher = prepare(config)
+            launcher.open_record()
+        except UsageError as err:
+            print(f"main.py: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # while a state loads: no child started, nothing trained
+            print(STOPPED_BEFORE_TRAINING, file=sys.stderr)
+            return INTERRUPTED_EXIT
+        return launcher.run()
+    finally:  # the run's folders are free for the next (the process may go on: tests)
+        release_run_locks()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,21 @@ import gymnasium as gym
 import pytest
 import torch
 
+from checkpoint import release_run_locks
 from cli import EvalConfig, TrainConfig, parse_eval_args, parse_train_args
 from environment import env_config, read_config
 from model import A3Clstm
 from utils import cpu_has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _run_locks_let_go():
+    """A launcher prepared in the test's process holds its folders until the process ends
+    (`checkpoint.hold_run_lock`): let go after each test, as a run's process would."""
+    yield
+    release_run_locks()
 
 
 @pytest.fixture

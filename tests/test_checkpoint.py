@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
+import socket
 import stat
 import time
 
@@ -16,7 +19,9 @@ from checkpoint import (
     TrainingState,
     current_umask,
     env_file_stem,
+    hold_run_lock,
     load_weights,
+    release_run_locks,
     save_atomic,
     write_atomic,
     write_json_atomic,
@@ -238,3 +243,52 @@ def test_run_paths_are_computed_once_from_the_flags():
     assert str(paths.load_state) == "in/ALE_Pong-v5_state.pt"
     best_kept = RunPaths.of("PongNoFrameskip-v4", "logs/", "out/", "in/", save_max=True)
     assert str(best_kept.final_model) == "out/PongNoFrameskip-v4_last.dat"
+
+
+# -- one run at a time in a folder -------------------------------------------------------------
+
+
+def test_a_folder_a_live_run_writes_is_refused_to_another_run_of_its_env(tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    lock = folder / "ALE_Pong-v5.lock"
+    # Another run's: a lock on its own open file, and its process id in it.
+    lock.write_text("4242 on elsewhere\n")
+    theirs = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(theirs, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(UsageError) as refused:
+            hold_run_lock(folder, "ALE/Pong-v5", "--save-model-dir")
+        assert str(refused.value) == (
+            f"--save-model-dir {str(folder)!r} is being written by another run of ALE/Pong-v5 "
+            "(process 4242 on elsewhere), which would write over this run's files and this run "
+            "over its; stop that run first, or give --save-model-dir another folder"
+        )
+        hold_run_lock(folder, "Breakout-v5", "--save-model-dir")  # another env: its own
+    finally:
+        os.close(theirs)  # that run ends (a SIGKILL too): the file stays, unlocked
+    release_run_locks()
+    assert sorted(p.name for p in folder.iterdir()) == ["ALE_Pong-v5.lock"]
+
+    hold_run_lock(folder, "ALE/Pong-v5", "--save-model-dir")  # the stale file is taken
+    assert lock.read_text() == f"{os.getpid()} on {socket.gethostname()}\n"
+    (tmp_path / "alias").symlink_to(folder)
+    hold_run_lock(tmp_path / "alias", "ALE/Pong-v5", "--log-dir")  # the process's own, again
+    probe = os.open(lock, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # held, for any other open of the file
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
+    release_run_locks()
+    assert list(folder.iterdir()) == []  # a normal exit leaves nothing
+
+    hold_run_lock(tmp_path / "not_yet", "ALE/Pong-v5", "--log-dir")  # made later: nothing now
+    assert not (tmp_path / "not_yet").exists()
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)  # a mount without locks: run, leave nothing
+    hold_run_lock(folder, "ALE/Pong-v5", "--save-model-dir")
+    assert list(folder.iterdir()) == []

@@ -20,7 +20,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from checkpoint import TrainingState
+from checkpoint import TrainingState, release_run_locks
 from cli import (
     CommonConfig,
     EvalConfig,
@@ -310,6 +310,7 @@ def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:
     finally:
         if launcher.monitor.writer is not None:
             launcher.monitor.writer.close()
+        release_run_locks()  # as the process of a launcher that never ran would at its exit
 
 
 def test_a_failed_game_process_is_one_error_line_exit_1_and_no_summary(

@@ -12,6 +12,7 @@ import os
 import pickle
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -971,6 +972,19 @@ def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
     try:
         wait_for(lambda: state_path.exists(), 90, "the first training-state file")
         wait_for(lambda: TrainingState.read_file(state_path)["steps"] > 0, 60, "counted steps")
+        # A second launcher into the live run's folders (a resume typed in another terminal)
+        # is refused before it writes a byte: the run's files stay its own.
+        lock = tmp_path / "models" / f"{PONG}.lock"
+        holder = f"{proc.pid} on {socket.gethostname()}\n"
+        assert lock.read_text() == holder
+        log_before = (tmp_path / "logs" / f"{PONG}_log").read_bytes()
+        load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+        second = run_cli("main.py", *PONG_FLAGS, *load, *folders(tmp_path), timeout=60)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert f"another run of {PONG} (process {holder.strip()})" in second.stderr
+        assert (tmp_path / "logs" / f"{PONG}_log").read_bytes()[: len(log_before)] == log_before
+        assert lock.read_text() == holder
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=10)
         # The children notice their parent is gone and stop by themselves.
@@ -987,6 +1001,10 @@ def test_a_sigkilled_launcher_leaves_no_orphans_and_the_run_resumes(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resumed from {state_path}: step {saved['steps']:,}" in result.stderr
     assert TrainingState.read_file(state_path)["steps"] >= saved["steps"] + 100
+    # The killed launcher's lock file (its process id still in it) held no lock; the resume
+    # took it, and removed it at its exit.
+    assert not (tmp_path / "models" / f"{PONG}.lock").exists()
+    assert not (tmp_path / "logs" / f"{PONG}.lock").exists()
 
 
 # -- crashed workers -------------------------------------------------------------------------------
