@@ -262,7 +262,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     if not path.is_file():
         raise UsageError(
             f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
-            f"the folder holding {path.name}"
+            f"the folder holding {path.name} (gym_eval.py also takes any file as --model)"
         )
     content = _torch_load(path, "checkpoint")
     if is_training_state(content):  # its weights (gym_eval.py --model <env>_state.pt)

@@ -67,9 +67,15 @@ class CommonConfig:
     env_config: str = flag(
         DEFAULT_CONFIG,
         "-evc",
-        help="per-game crop settings (JSON); without one in the current folder, the shipped one",
+        help="per-game crop settings (JSON, read for ALE games only); without one in the current "
+        "folder, the shipped one",
     )
-    seed: int = flag(1, "-s", help="random seed; training worker RANK uses seed + RANK")
+    seed: int = flag(
+        1,
+        "-s",
+        help="random seed: training worker RANK uses seed + RANK; gym_eval.py seeds its games "
+        "from it",
+    )
     max_episode_length: int = flag(
         10000,
         "-mel",
@@ -117,7 +123,8 @@ class TrainConfig(CommonConfig):
         True,
         "-so",
         negatable=True,
-        help="optimizer statistics shared by all workers (--no-shared-optimizer: one per worker)",
+        help="optimizer statistics shared by all workers; -so is the same and takes no value "
+        "(--no-shared-optimizer: one per worker)",
     )
     load: bool = flag(
         False,
@@ -318,6 +325,13 @@ def build_parser(
     return parser
 
 
+PATH_FLAGS = frozenset(
+    {"env_config", "load_model_dir", "save_model_dir", "log_dir", "video_dir", "model", "demo_dir"}
+)
+"""The fields that name files or folders: a leading ``~`` is the home folder, as in a shell
+(which leaves ``--log-dir=~/runs`` as typed; a folder named ``~`` would be made instead)."""
+
+
 def _parse(
     config_type: type[Config], description: str, argv: Sequence[str] | None, prog: str | None
 ) -> Config:
@@ -326,6 +340,9 @@ def _parse(
         name: tuple(value) if isinstance(value, list) else value
         for name, value in vars(namespace).items()
     }
+    for name in PATH_FLAGS & values.keys():
+        if isinstance(values[name], str):
+            values[name] = os.path.expanduser(values[name])
     return config_type(**values)
 
 

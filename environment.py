@@ -92,7 +92,8 @@ def read_config(path: str | Path) -> dict[str, dict[str, int]]:
     if "Default" not in config:
         raise UsageError(
             f'env config {str(path)!r} has no "Default" entry; add '
-            '"Default": {"crop1": 34, "crop2": 34}'
+            '"Default": {"crop1": 34, "crop2": 34}, or pass --env-config with the path of the '
+            "project's config.json"
         )
     for name, entry in config.items():
         if not isinstance(entry, dict):
@@ -129,6 +130,20 @@ def env_config(config: dict[str, dict[str, int]], env_id: str) -> dict[str, int]
         if key != "Default" and key in env_id:
             chosen = entry
     return chosen
+
+
+def crop_settings(path: str | Path, env_id: str) -> dict[str, int]:
+    """`env_id`'s entry of the `config.json` at `path` (`read_config`, `env_config`).
+
+    Read for ALE games only: other envs crop nothing, so a missing or unrelated
+    ``config.json`` in the current folder does not stop a CartPole run.
+
+    Raises:
+        UsageError: an unknown env id; for an ALE game, a config `read_config` refuses.
+    """
+    if not is_atari(env_id):
+        return {}
+    return env_config(read_config(path), env_id)
 
 
 def register_games() -> None:
@@ -650,9 +665,14 @@ def make_env(
 
     Raises:
         UsageError: see `atari_env` and `vector_env`; also a sticky probability for a game
-            that is not an ALE game.
+            that is not an ALE game, and `vector_obs_norm` for one that is.
     """
     if is_atari(env_id):
+        if vector_obs_norm:
+            raise UsageError(
+                f"--vector-obs-norm applies to vector observations only, and {env_id}'s frames "
+                "are always normalised (as in the original); drop the flag"
+            )
         return atari_env(
             env_id, env_conf, max_episode_length, skip_rate, render_mode, repeat_action_probability
         )

@@ -41,12 +41,11 @@ from checkpoint import (
 )
 from cli import EvalConfig, parse_eval_args
 from environment import (
-    env_config,
+    crop_settings,
     frames_per_step,
     is_atari,
     make_env,
     protocol,
-    read_config,
     register_games,
 )
 from model import build_model
@@ -308,7 +307,7 @@ def check_playable(args: EvalConfig, model_path: Path) -> None:
         gym.error.DependencyNotInstalled: drawing the env needs a package not installed.
     """
     render_mode = recorded_render_mode(args)
-    env = eval_env(args, env_config(read_config(args.env_config), args.env), render_mode)
+    env = eval_env(args, crop_settings(args.env_config, args.env), render_mode)
     try:
         model = build_model(env.observation_space, env.action_space, args.hidden_size)
         load_weights(model, model_path)
@@ -343,7 +342,7 @@ def play_games(
             window's.
     """
     stem = env_file_stem(args.env)
-    env_conf = env_config(read_config(args.env_config), args.env)
+    env_conf = crop_settings(args.env_config, args.env)
     device = worker_device(args.gpu_id)
     torch.set_num_threads(args.threads)
     torch.manual_seed(first_seed)

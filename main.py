@@ -38,7 +38,7 @@ from checkpoint import (
     save_atomic,
 )
 from cli import TrainConfig, as_dict, parse_train_args
-from environment import env_config, frames_per_step, make_env, read_config
+from environment import crop_settings, frames_per_step, make_env
 from model import build_model
 from monitor import RunMonitor
 from shared_optim import make_optimizer, scheduled_lr
@@ -57,6 +57,7 @@ from utils import (
     format_elapsed,
     run_script,
     sigint_ignored,
+    sigterm_interrupts,
 )
 from visualize import RUN_ID, plot_curve
 
@@ -264,7 +265,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
             f"over; add {resume} to continue that run, or give --save-model-dir another folder "
             "(or delete the file) to start afresh"
         )
-    env_conf = env_config(read_config(config.env_config), config.env)  # read once, here
+    env_conf = crop_settings(config.env_config, config.env)  # read once, here
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
         repeat_action_probability=config.repeat_action_probability,
@@ -896,12 +897,13 @@ def main(argv: list[str] | None = None) -> int:
                 from cluster import run_cluster
 
                 return run_cluster(config)
-            launcher = prepare(config)
-            launcher.open_record()
+            with sigterm_interrupts():  # SIGTERM while the run is prepared: as a Ctrl-C
+                launcher = prepare(config)
+                launcher.open_record()
         except UsageError as err:
             print(f"main.py: error: {err}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # while a state loads: no child started, nothing trained
+        except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
             print(STOPPED_BEFORE_TRAINING, file=sys.stderr)
             return INTERRUPTED_EXIT
         return launcher.run()

@@ -426,6 +426,11 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
     """
     if list(gpu_ids) == [-1]:
         return
+    if any(gpu_id < 0 for gpu_id in gpu_ids):
+        raise UsageError(
+            f"{flag} {' '.join(map(str, gpu_ids))}: GPU ids are 0 and up, and -1 (alone) means "
+            "the CPU; pass one or the other"
+        )
     if not torch.cuda.is_available():
         raise UsageError(
             f"{flag} {' '.join(map(str, gpu_ids))} asks for a GPU but CUDA is not available "

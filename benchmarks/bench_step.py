@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch.multiprocessing as mp  # noqa: E402
 
 from cli import parse_train_args  # noqa: E402
-from environment import env_config, make_env, read_config  # noqa: E402
+from environment import crop_settings, make_env  # noqa: E402
 from model import build_model  # noqa: E402
 from shared_optim import make_optimizer  # noqa: E402
 from train import PhaseClock, run_worker  # noqa: E402
@@ -103,7 +103,7 @@ def main_py_refusal(flags: Sequence[str]) -> str | None:
 def env_alone(env_id: str, steps: int = 2000) -> float:
     """Milliseconds per agent step of the env with its wrappers, random actions."""
     config = parse_train_args(["--env", env_id, "--env-config", str(ROOT / "config.json")])
-    env_conf = env_config(read_config(config.env_config), config.env)
+    env_conf = crop_settings(config.env_config, config.env)
     env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
     env.reset(seed=0)
     env.action_space.seed(0)
@@ -135,7 +135,7 @@ def profile(
     """
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
     config = parse_train_args([*flags, *mode_flags(mode), "--gpu-ids", *map(str, gpu_ids)])
-    env_conf = env_config(read_config(config.env_config), config.env)
+    env_conf = crop_settings(config.env_config, config.env)
     env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
     shared = build_model(env.observation_space, env.action_space, config.hidden_size)
     env.close()

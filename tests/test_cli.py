@@ -84,6 +84,8 @@ from visualize import parse_log
         ),
         (["--env", "CartPole-v1", "-sk", "3"], "CartPole-v1 is not an ALE game; drop --skip-rate"),
         (["--gpu-ids", "0"], "CUDA is not available"),
+        (["--gpu-ids", "-2"], "--gpu-ids -2: GPU ids are 0 and up, and -1 (alone) means the CPU"),
+        (["--vector-obs-norm"], "--vector-obs-norm applies to vector observations only, and Pong"),
         (["--optimizer", "RMSprop", "-a"], "--amsgrad is a variant of Adam and --optimizer is"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
         (["--load", "--load-model-dir", "/nonexistent"], "checkpoint '/nonexistent/"),
@@ -99,6 +101,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
     assert len(lines) == 1 and message in lines[0], stderr
     assert lines[0].startswith("main.py: error: ")
     assert not list(tmp_path.iterdir())  # no folder made: models/ and logs/ come after
+
+
+def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
+    """``--log-dir=~/runs`` reaches the program as typed (no shell expands it after ``=``)."""
+    home = os.path.expanduser("~")
+    train = parse_train_args(["--log-dir=~/runs/", "--save-model-dir=~/m", "-evc", "~/c.json"])
+    assert (train.log_dir, train.save_model_dir) == (f"{home}/runs/", f"{home}/m")
+    assert train.env_config == f"{home}/c.json"
+    evaluate = parse_eval_args(["--model=~/a.dat", "--demo-dir=~/d/", "--load-model-dir=~"])
+    assert (evaluate.model, evaluate.demo_dir, evaluate.load_model_dir) == (
+        f"{home}/a.dat",
+        f"{home}/d/",
+        home,
+    )
+    assert parse_train_args(["--log-dir", "a~b/"]).log_dir == "a~b/"
 
 
 def test_unknown_optimizer_is_rejected_by_argparse_in_one_line(tmp_path, monkeypatch, capsys):

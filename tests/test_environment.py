@@ -16,6 +16,7 @@ from environment import (
     NoopResetEnv,
     NormalizedEnv,
     atari_env,
+    crop_settings,
     env_config,
     find_normalizer,
     make_env,
@@ -489,6 +490,20 @@ def test_env_config_matches_substrings_else_default(config):
     # The last matching key in file order wins, as in the original.
     both = {"Default": config["Default"], "Pong": {"crop1": 1}, "NoFrameskip": {"crop1": 2}}
     assert env_config(both, "PongNoFrameskip-v4") == {"crop1": 2}
+
+
+def test_crop_settings_are_read_for_ale_games_only(tmp_path, config):
+    """A missing or unrelated config.json (another project's, in the current folder) stops
+    no CartPole run: only ALE games crop."""
+    unrelated = tmp_path / "config.json"
+    unrelated.write_text('{"name": "my web app"}')
+    for path in (unrelated, tmp_path / "missing.json"):
+        assert crop_settings(path, "CartPole-v1") == {}
+        with pytest.raises(UsageError, match="--env-config"):
+            crop_settings(path, "PongNoFrameskip-v4")
+    assert crop_settings(ROOT / "config.json", "PongNoFrameskip-v4") == config["Pong"]
+    with pytest.raises(UsageError, match="PongNoFrameSkip-v4"):  # the id first, then its file
+        crop_settings(unrelated, "PongNoFrameSkip-v4")
 
 
 @pytest.mark.parametrize(

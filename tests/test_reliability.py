@@ -647,12 +647,28 @@ def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
 def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     import main
 
+    real_prepare = main.prepare
+
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt  # a Ctrl-C while a large training state loads, say
 
     monkeypatch.setattr(main, "prepare", interrupted)
     code, err = main_here([*PONG_SMALL, *folders(tmp_path)], monkeypatch, capsys)
     assert (code, err) == (130, "main.py: stopped before training started\n")
+
+    # SIGTERM (timeout, a scheduler) there is the same, and the run's folder marks go with it.
+    def terminated(*args, **kwargs):
+        launcher = real_prepare(*args, **kwargs)
+        assert (tmp_path / "models" / f"{PONG}.lock").exists()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal stops it first
+        return launcher
+
+    monkeypatch.setattr(main, "prepare", terminated)
+    code, err = main_here([*PONG_SMALL, *folders(tmp_path)], monkeypatch, capsys)
+    assert (code, err) == (130, "main.py: stopped before training started\n")
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == []
+    assert not (tmp_path / "logs" / f"{PONG}.lock").exists()
 
 
 # Runs the script as `python <script>` does, with a Ctrl-C sent the moment its `import torch`
