@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from environment import (
     DEFAULT_CONFIG,
     check_episode_cap,
+    check_flags_apply,
     check_skip_rate_applies,
     check_sticky_probability,
 )
@@ -453,6 +454,7 @@ def _validate_common(config: CommonConfig) -> None:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
     if config.skip_rate != DEFAULT_SKIP_RATE:
         check_skip_rate_applies(config.env, config.skip_rate)
+    check_flags_apply(config.env, config.repeat_action_probability, config.vector_obs_norm)
     check_episode_cap(config.env, config.max_episode_length, config.skip_rate)
     if config.stall_steps < 0:
         raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")

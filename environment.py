@@ -247,6 +247,21 @@ def protocol(
     }
 
 
+def short_episode_warning(played: dict[str, Any]) -> str | None:
+    """What to warn where a `protocol`'s episode cap can end games before the agent acts.
+
+    The reset's random no-ops (and FIRE) count toward ``--max-episode-length``, as in the
+    original, so a cap shrunk for a quick try can leave a game no agent step. None otherwise.
+    """
+    noops, cap = played.get("noop_starts", 0), played["episode_cap_steps"]
+    if not noops or cap > noops + 2:
+        return None
+    return (
+        f"--max-episode-length {cap} counts the reset's 1-{noops} random no-ops (and FIRE), as "
+        f"in the original, so games can end before the agent acts; give more than {noops + 2}"
+    )
+
+
 def check_skip_rate_applies(env_id: str, skip_rate: int) -> None:
     """Refuse a ``--skip-rate`` that `env_id` would ignore (only NoFrameskip ids use it).
 
@@ -664,8 +679,24 @@ def make_env(
             the id's own.
 
     Raises:
-        UsageError: see `atari_env` and `vector_env`; also a sticky probability for a game
-            that is not an ALE game, and `vector_obs_norm` for one that is.
+        UsageError: see `atari_env`, `vector_env` and `check_flags_apply`.
+    """
+    check_flags_apply(env_id, repeat_action_probability, vector_obs_norm)
+    if is_atari(env_id):
+        return atari_env(
+            env_id, env_conf, max_episode_length, skip_rate, render_mode, repeat_action_probability
+        )
+    return vector_env(env_id, max_episode_length, vector_obs_norm, render_mode)
+
+
+def check_flags_apply(
+    env_id: str, repeat_action_probability: float | None, vector_obs_norm: bool
+) -> None:
+    """Refuse flags `env_id` would ignore (the command line's check, and `make_env`'s).
+
+    Raises:
+        UsageError: sticky actions for a game that is not an ALE game, or ``--vector-obs-norm``
+            for one that is (its frames are always normalised).
     """
     if is_atari(env_id):
         if vector_obs_norm:
@@ -673,15 +704,11 @@ def make_env(
                 f"--vector-obs-norm applies to vector observations only, and {env_id}'s frames "
                 "are always normalised (as in the original); drop the flag"
             )
-        return atari_env(
-            env_id, env_conf, max_episode_length, skip_rate, render_mode, repeat_action_probability
-        )
-    if repeat_action_probability is not None:
+    elif repeat_action_probability is not None:
         raise UsageError(
             f"--repeat-action-probability {repeat_action_probability} applies to ALE games only, "
             f"and {env_id!r} is not one; drop the flag"
         )
-    return vector_env(env_id, max_episode_length, vector_obs_norm, render_mode)
 
 
 def was_real_done(env: gym.Env) -> bool:

@@ -47,6 +47,7 @@ from environment import (
     make_env,
     protocol,
     register_games,
+    short_episode_warning,
 )
 from model import build_model
 from monitor import counted_sittings, run_totals, up_to_weights
@@ -569,6 +570,8 @@ def evaluate(args: EvalConfig) -> dict:
         args.stall_steps,
     )  # fmt: skip
     sticky = played.get("repeat_action_probability")
+    if (short := short_episode_warning(played)) is not None:
+        log.warning(short)
     processes = min(args.processes, args.num_episodes)
     if processes > (os.cpu_count() or 1):
         log.warning(

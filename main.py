@@ -38,7 +38,13 @@ from checkpoint import (
     save_atomic,
 )
 from cli import TrainConfig, as_dict, parse_train_args
-from environment import crop_settings, frames_per_step, make_env
+from environment import (
+    crop_settings,
+    frames_per_step,
+    make_env,
+    protocol,
+    short_episode_warning,
+)
 from model import build_model
 from monitor import RunMonitor
 from shared_optim import make_optimizer, scheduled_lr
@@ -297,6 +303,9 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     check_writable(*run_folders)
     for folder, flag in run_folders:  # those it made
         hold_run_lock(folder, config.env, flag)
+    short = short_episode_warning(protocol(config.env, config.skip_rate, config.max_episode_length))
+    if short is not None:
+        log.warning(short)
     # Resumed from this folder's training state: its <env>_last.dat is the run's own.
     continued_here = resumed is not None and same_file(paths.load_state, paths.state)
     if config.save_max and paths.final_model.exists() and not continued_here:
@@ -686,6 +695,16 @@ class Launcher:
         self._start(child)
         return True
 
+    def trained_nothing(self) -> bool:
+        """Whether this is a fresh run stopped before its first step: nothing to save.
+
+        Its weights are the random ones it began with, which must not replace a ``<env>.dat``
+        there (the shipped agent, in the default ``trained_models/``), and a training state of
+        them would only refuse the next fresh run. A run that loaded weights, and a cluster's
+        driver, save as ever.
+        """
+        return self.part == "all" and not self.config.load and self.ctx.total_steps() == 0
+
     def shutdown(self) -> None:
         """Stop every child, then save the latest weights and the training state."""
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
@@ -697,6 +716,12 @@ class Launcher:
             except Exception as err:  # the weights already pulled are still saved
                 self.log.error(f"stopping the cluster failed: {type(err).__name__}: {err}")
         self.stop_children()
+        if self.trained_nothing():
+            self.log.info(
+                "nothing was trained (0 steps): no weights or training state written, so "
+                f"{self.config.save_model_dir} holds what it held"
+            )
+            return
         try:
             save_atomic(cpu_state_dict(self.shared_model), self.paths.final_model)
         except OSError as err:
@@ -721,8 +746,11 @@ class Launcher:
             time.sleep(0.05)
         # The slow ones all at once: a few seconds in all, not a few per child.
         slow = {child: proc for child, proc in self.processes.items() if proc.is_alive()}
-        for child, proc in slow.items():
-            self.log.warning(f"{child.title} (pid {proc.pid}) did not stop in time; terminating it")
+        if slow:  # one line: 32 children still starting when a Ctrl-C came are one event
+            named = ", ".join(f"{child.title} (pid {proc.pid})" for child, proc in slow.items())
+            them = "it" if len(slow) == 1 else "them"
+            self.log.warning(f"{named} did not stop in time; terminating {them}")
+        for proc in slow.values():
             proc.terminate()
         self._join_all(slow.values(), 3.0)
         for proc in slow.values():
@@ -753,8 +781,11 @@ class Launcher:
         its score is known (a game of this sitting or of the sittings resumed saved it), else
         another's found in the folder (no game saved yet), which the record must not claim.
         """
+        ours = not self.config.save_max or self.monitor.dat_score is not None
+        if self.trained_nothing():  # the shutdown saved nothing; a game at step 0 may have
+            return {self.paths.model} if ours and self.monitor.rewards else set()
         left = {self.paths.final_model, self.paths.state}
-        if not self.config.save_max or self.monitor.dat_score is not None:
+        if ours:
             left.add(self.paths.model)
         return left
 
@@ -852,7 +883,9 @@ class Launcher:
             f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
             f"{format_elapsed(time.time() - self.ctx.start_time)}; "
             + (
-                f"model saved to {self.paths.final_model}"
+                "nothing trained, nothing saved"
+                if self.trained_nothing()
+                else f"model saved to {self.paths.final_model}"
                 if self.final_saved
                 else f"model NOT saved to {self.paths.final_model} (see the error above)"
             )
@@ -892,14 +925,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
         try:
-            config = parse_train_args(argv)
-            if config.ray_address:
+            with sigterm_interrupts():  # SIGTERM until the launcher catches it: as a Ctrl-C
+                config = parse_train_args(argv)
+                launcher = None if config.ray_address else prepare(config)
+                if launcher is not None:
+                    launcher.open_record()
+            if launcher is None:  # a cluster's driver: it catches signals from its start
                 from cluster import run_cluster
 
                 return run_cluster(config)
-            with sigterm_interrupts():  # SIGTERM while the run is prepared: as a Ctrl-C
-                launcher = prepare(config)
-                launcher.open_record()
         except UsageError as err:
             print(f"main.py: error: {err}", file=sys.stderr)
             return 2

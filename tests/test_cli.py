@@ -167,7 +167,7 @@ def test_shared_flags_are_declared_once_and_taken_by_both_scripts():
     for parse in (parse_train_args, parse_eval_args):
         assert parse(["-lg", "a/"]).log_dir == "a/" and parse(["-lgd", "b/"]).log_dir == "b/"
         assert parse(["-sk", "3", "-hs", "64"]).skip_rate == 3
-        assert parse(["--vector-obs-norm"]).vector_obs_norm is True
+        assert parse(["--env", "CartPole-v1", "--vector-obs-norm"]).vector_obs_norm is True
 
 
 def test_the_configuration_is_typed_frozen_and_documented():

@@ -24,6 +24,7 @@ from environment import (
     protocol,
     read_config,
     register_games,
+    short_episode_warning,
     vector_env,
     was_real_done,
 )
@@ -490,6 +491,17 @@ def test_env_config_matches_substrings_else_default(config):
     # The last matching key in file order wins, as in the original.
     both = {"Default": config["Default"], "Pong": {"crop1": 1}, "NoFrameskip": {"crop1": 2}}
     assert env_config(both, "PongNoFrameskip-v4") == {"crop1": 2}
+
+
+def test_an_episode_cap_the_resets_no_ops_can_use_up_is_warned_of():
+    warned = short_episode_warning(protocol("PongNoFrameskip-v4", 4, 32))
+    assert warned == (
+        "--max-episode-length 32 counts the reset's 1-30 random no-ops (and FIRE), as in the "
+        "original, so games can end before the agent acts; give more than 32"
+    )
+    assert short_episode_warning(protocol("PongNoFrameskip-v4", 4, 33)) is None
+    assert short_episode_warning(protocol("ALE/Pong-v5", 4, 5)) is None  # no no-op starts
+    assert short_episode_warning(protocol("CartPole-v1", 4, 5)) is None
 
 
 def test_crop_settings_are_read_for_ale_games_only(tmp_path, config):

@@ -644,6 +644,13 @@ def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
     assert not (tmp_path / "models" / f"{PONG}.dat").exists()  # nothing trained, nothing saved
 
 
+def test_a_run_whose_games_can_end_in_their_reset_says_so(tmp_path, caplog):
+    flags = [*PONG_SMALL, *folders(tmp_path), "--max-episode-length", "20"]
+    with caplog.at_level("WARNING", logger="a3g.main"):
+        prepare(parse_train_args(flags))
+    assert "--max-episode-length 20 counts the reset's 1-30 random no-ops" in caplog.text
+
+
 def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     import main
 
@@ -766,6 +773,7 @@ def test_a_launcher_that_fails_mid_run_still_saves_and_closes_its_record(tmp_pat
         raise RuntimeError("the GCS hiccuped")
 
     launcher.on_poll = broken
+    launcher.ctx.steps[0] = 100  # it has trained (a fresh run that had not saves nothing)
     with caplog.at_level("INFO", logger="a3g.main"):
         assert launcher.run() == 1
     assert "Traceback" in caplog.text and 'raise RuntimeError("the GCS hiccuped")' in caplog.text
@@ -792,6 +800,8 @@ def test_a_save_max_record_names_the_dat_only_once_a_game_of_its_run_saved_it(tm
     launcher.monitor.take("test", {**game, "saved": True})
     assert foreign in launcher.weights_left()
     plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "b")]))
+    assert plain.weights_left() == set()  # nothing trained yet: its shutdown writes nothing
+    plain.ctx.steps[0] = 100
     assert plain.paths.model in plain.weights_left()  # its shutdown writes it
 
 
@@ -811,6 +821,7 @@ def test_a_run_record_that_cannot_be_completed_is_said_and_exit_1(tmp_path, capl
     """The weights and state are saved, but a record without its end is lost data: exit 1."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     launcher.on_poll = launcher.ctx.request_stop  # at its first look: stop
+    launcher.ctx.steps[0] = 100  # having trained
 
     def disk_full(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
@@ -823,11 +834,15 @@ def test_a_run_record_that_cannot_be_completed_is_said_and_exit_1(tmp_path, capl
     assert (tmp_path / "models" / f"{PONG}.dat").exists()
 
 
-def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(tmp_path):
+def test_a_signal_before_any_child_starts_stops_and_writes_over_nothing(tmp_path, caplog):
     """Inside `Launcher.run` the handlers are set from its first moment: a Ctrl-C while the
     run record is written there (a cluster's driver writes it inside them, then starts the
     nodes) is a clean stop, not a KeyboardInterrupt. main.py writes it before `run`: a Ctrl-C
-    then is `test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130`'s."""
+    then is `test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130`'s. A fresh
+    run that trained nothing leaves the weights there (the shipped agent, by default) as
+    they were, and no training state to refuse the next fresh run."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / f"{PONG}.dat").write_bytes(b"the shipped agent")
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
     open_record = launcher.monitor.open
 
@@ -837,13 +852,30 @@ def test_a_signal_before_any_child_starts_stops_and_saves_without_starting_one(t
 
     launcher.monitor.open = interrupted_while_writing
     before = signal.getsignal(signal.SIGINT)
-    assert launcher.run() == 0
+    with caplog.at_level("INFO", logger="a3g.main"):
+        assert launcher.run() == 0
     assert signal.getsignal(signal.SIGINT) is before  # given back
     assert not launcher.processes and launcher.stop_reason == "SIGINT received"
-    assert (tmp_path / "models" / f"{PONG}.dat").exists()
-    assert (tmp_path / "models" / f"{PONG}_state.pt").exists()
+    assert (tmp_path / "models" / f"{PONG}.dat").read_bytes() == b"the shipped agent"
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
+        f"{PONG}.dat",
+        f"{PONG}.lock",
+    ]
+    assert "nothing trained, nothing saved" in caplog.text
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["finished"]["stop_reason"] == "SIGINT received"
+    assert record["finished"]["exit_code"] == 0 and record["finished"]["weights_sha256"] == {}
+    # Loaded weights are saved as ever, trained or not (a resume stopped at once, say).
+    (tmp_path / "weights").mkdir()
+    torch.save(launcher.shared_model.state_dict(), tmp_path / "weights" / f"{PONG}.dat")
+    load = ["--load", "--load-model-dir", str(tmp_path / "weights")]
+    loaded = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "b"), *load]))
+    loaded.ctx.request_stop()
+    assert loaded.run() == 0
+    assert {p.name for p in (tmp_path / "b" / "models").iterdir()} >= {
+        f"{PONG}.dat",
+        f"{PONG}_state.pt",
+    }
 
 
 def test_an_rmsprop_state_saved_with_amsgrad_still_resumes(tmp_path):
@@ -1246,6 +1278,7 @@ def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_pa
     plain = prepare(parse_train_args(flags))
     plain.monitor.take("test", {**game, "saved": True})
     plain.monitor.take("test", {**game, "reward": -3.0, "saved": True})
+    plain.ctx.steps[0] = 1
     plain.shutdown()  # the final weights, no game's, go to <env>.dat
     assert TrainingState.load(plain.paths.state).dat_score is None
     with caplog.at_level("WARNING", logger="a3g.main"):
