@@ -248,17 +248,23 @@ def protocol(
 
 
 def short_episode_warning(played: dict[str, Any]) -> str | None:
-    """What to warn where a `protocol`'s episode cap can end games before the agent acts.
+    """What to warn where a `protocol`'s episode cap can cut games before the agent acts.
 
-    The reset's random no-ops (and FIRE) count toward ``--max-episode-length``, as in the
-    original, so a cap shrunk for a quick try can leave a game no agent step. None otherwise.
+    The cap is in raw frames (``--max-episode-length`` times the skip), and the reset's random
+    no-op frames and its FIRE steps count toward it, as in the original: a cap shrunk for a
+    quick try can leave a game no agent step. None otherwise.
     """
-    noops, cap = played.get("noop_starts", 0), played["episode_cap_steps"]
-    if not noops or cap > noops + 2:
+    noops = played.get("noop_starts", 0)
+    if not noops:
+        return None
+    cap, skip = played["episode_cap_steps"], played["frame_skip"]
+    reset_frames = noops + 2 * skip  # the most no-ops, then FIRE and the step after it
+    if cap * skip > reset_frames:
         return None
     return (
-        f"--max-episode-length {cap} counts the reset's 1-{noops} random no-ops (and FIRE), as "
-        f"in the original, so games can end before the agent acts; give more than {noops + 2}"
+        f"--max-episode-length {cap} is {cap * skip} frames, which the reset's 1-{noops} random "
+        "no-op frames and FIRE (counted, as in the original) can use up before the agent acts; "
+        f"give {reset_frames // skip + 1} or more"
     )
 
 

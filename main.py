@@ -584,7 +584,7 @@ class Launcher:
         ``<env>.dat`` from the state, and one written before (a crash in between) would let
         a worse game replace the best weights.
         """
-        if self.config.state_interval <= 0:
+        if self.config.state_interval <= 0 or self.trained_nothing():
             return False
         new_best = self.config.save_max and self.monitor.dat_score != self.state_dat_score
         return new_best or time.monotonic() >= self.next_state_save

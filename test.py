@@ -103,7 +103,10 @@ def run_test(
             f"frames/s {frames / max(elapsed, 1e-9):.0f}{game.note()}"
         )
         saved = False
-        if not config.save_max or game.reward >= bar:
+        # A fresh run's weights before its first step are the random ones it began with: not
+        # to replace what the folder holds (the shipped agent, in the default folder).
+        untrained = not config.load and taken[0] == 0
+        if not untrained and (not config.save_max or game.reward >= bar):
             try:
                 save_atomic(cpu_state_dict(model), paths.model)
             except OSError as err:

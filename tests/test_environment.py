@@ -494,12 +494,13 @@ def test_env_config_matches_substrings_else_default(config):
 
 
 def test_an_episode_cap_the_resets_no_ops_can_use_up_is_warned_of():
-    warned = short_episode_warning(protocol("PongNoFrameskip-v4", 4, 32))
+    warned = short_episode_warning(protocol("PongNoFrameskip-v4", 4, 9))
     assert warned == (
-        "--max-episode-length 32 counts the reset's 1-30 random no-ops (and FIRE), as in the "
-        "original, so games can end before the agent acts; give more than 32"
+        "--max-episode-length 9 is 36 frames, which the reset's 1-30 random no-op frames and "
+        "FIRE (counted, as in the original) can use up before the agent acts; give 10 or more"
     )
-    assert short_episode_warning(protocol("PongNoFrameskip-v4", 4, 33)) is None
+    assert short_episode_warning(protocol("PongNoFrameskip-v4", 4, 10)) is None
+    assert "give 33 or more" in short_episode_warning(protocol("PongNoFrameskip-v4", 1, 32))
     assert short_episode_warning(protocol("ALE/Pong-v5", 4, 5)) is None  # no no-op starts
     assert short_episode_warning(protocol("CartPole-v1", 4, 5)) is None
 

@@ -645,10 +645,10 @@ def test_a_run_record_that_cannot_be_started_is_one_line_and_nothing_runs(
 
 
 def test_a_run_whose_games_can_end_in_their_reset_says_so(tmp_path, caplog):
-    flags = [*PONG_SMALL, *folders(tmp_path), "--max-episode-length", "20"]
+    flags = [*PONG_SMALL, *folders(tmp_path), "--max-episode-length", "5"]
     with caplog.at_level("WARNING", logger="a3g.main"):
         prepare(parse_train_args(flags))
-    assert "--max-episode-length 20 counts the reset's 1-30 random no-ops" in caplog.text
+    assert "--max-episode-length 5 is 20 frames, which the reset's 1-30 random" in caplog.text
 
 
 def test_a_ctrl_c_while_the_run_is_prepared_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
@@ -1215,6 +1215,7 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
 
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
     ctx = ProcessContext.create(mp.get_context("spawn"))
+    ctx.steps[0] = 10  # trained (the games of a fresh run's untrained weights save nothing)
     scores = iter([5.0, 3.0, 4.0, 2.0, 4.0])
     played: list[float] = []
     saved: list[float] = []
@@ -1241,9 +1242,40 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
     assert saved == [3.0, 4.0, 4.0]
 
 
+@pytest.mark.parametrize("load", [False, True])
+def test_the_test_games_of_a_fresh_runs_untrained_weights_save_nothing(tmp_path, monkeypatch, load):
+    """Before a fresh run's first step its weights are random: a game of them must not
+    replace the <env>.dat there (the shipped agent). Loaded weights are saved as ever."""
+    import test as test_process
+    from player_util import GAME_OVER, STOPPED, GameResult
+
+    flags = [*PONG_SMALL, *folders(tmp_path)]
+    if load:
+        (tmp_path / "weights").mkdir()
+        torch.save(
+            A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(),
+            tmp_path / "weights" / f"{PONG}.dat",
+        )
+        flags += ["--load", "--load-model-dir", str(tmp_path / "weights")]
+    launcher = prepare(parse_train_args(flags))
+    ctx = ProcessContext.create(mp.get_context("spawn"))
+    games = iter([GameResult(-21.0, 100, GAME_OVER, 0)])
+    monkeypatch.setattr(
+        test_process.GreedyPlayer,
+        "play_game",
+        lambda *_args, **_kwargs: next(games, None) or GameResult(0.0, 0, STOPPED, 0),
+    )
+    test_process.run_test(
+        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.shared_model, ctx, steps_at_start=0,
+    )  # fmt: skip
+    assert (tmp_path / "models" / f"{PONG}.dat").exists() == load
+
+
 def test_a_save_max_run_writes_its_state_at_once_after_a_new_best(tmp_path, monkeypatch):
     """A resume takes the score to beat from the state: it must not lag the best .dat."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    launcher.ctx.steps[0] = 10  # trained (before its first step a run saves no state)
     game = {
         "reward": -20.0, "length": 100, "ending": "game over", "steps": 10, "frames": 40,
         "saved": True,
