@@ -781,11 +781,10 @@ class Launcher:
         its score is known (a game of this sitting or of the sittings resumed saved it), else
         another's found in the folder (no game saved yet), which the record must not claim.
         """
-        ours = not self.config.save_max or self.monitor.dat_score is not None
-        if self.trained_nothing():  # the shutdown saved nothing; a game at step 0 may have
-            return {self.paths.model} if ours and self.monitor.rewards else set()
+        if self.trained_nothing():  # nothing saved: no test game saves untrained weights
+            return set()
         left = {self.paths.final_model, self.paths.state}
-        if ours:
+        if not self.config.save_max or self.monitor.dat_score is not None:
             left.add(self.paths.model)
         return left
 

@@ -795,12 +795,14 @@ def test_a_save_max_record_names_the_dat_only_once_a_game_of_its_run_saved_it(tm
     foreign = tmp_path / "models" / f"{PONG}.dat"  # another run's, found in the folder
     torch.save(A3Clstm(1, gym.spaces.Discrete(6), 32).state_dict(), foreign)
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--save-max"]))
+    launcher.ctx.steps[0] = 10
     assert foreign not in launcher.weights_left()
     game = {"reward": 5.0, "length": 9, "ending": "game over", "steps": 10, "frames": 40}
     launcher.monitor.take("test", {**game, "saved": True})
     assert foreign in launcher.weights_left()
     plain = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path / "b")]))
-    assert plain.weights_left() == set()  # nothing trained yet: its shutdown writes nothing
+    plain.monitor.take("test", {**game, "saved": False})  # a game of untrained weights
+    assert plain.weights_left() == set()  # nothing trained yet: nothing is this run's
     plain.ctx.steps[0] = 100
     assert plain.paths.model in plain.weights_left()  # its shutdown writes it
 
