@@ -244,6 +244,24 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def saved_hidden_size(path: str | Path) -> int | None:
+    """The LSTM hidden size a ``.dat`` (or a training state's weights) was saved with.
+
+    None where there is no such file or it holds no LSTM weights: `load_weights` says why.
+
+    Raises:
+        UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    content = _torch_load(path, "checkpoint")
+    if is_training_state(content):
+        content = content.get("model")
+    weight = content.get("lstm.weight_hh") if isinstance(content, dict) else None
+    return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
+
+
 def load_weights(model: nn.Module, path: str | Path) -> None:
     """Load a ``.dat`` state_dict (ours or the original A3G's), or a training state's, into `model`.
 

@@ -22,6 +22,7 @@ from environment import (
     check_skip_rate_applies,
     check_sticky_probability,
 )
+from model import HIDDEN_SIZE
 from shared_optim import LR_SCHEDULES
 from utils import OneLineParser, UsageError, require_at_least
 
@@ -84,7 +85,7 @@ class CommonConfig:
         "reset (no-ops, FIRE) count, as in the original",
     )
     skip_rate: int = flag(DEFAULT_SKIP_RATE, "-sk", help="frame skip (NoFrameskip ids)")
-    hidden_size: int = flag(512, "-hs", help="LSTM hidden size (must match a loaded model)")
+    hidden_size: int = flag(HIDDEN_SIZE, "-hs", help="LSTM hidden size (must match a loaded model)")
     load_model_dir: str = flag(
         "trained_models/", "-lmd", help="folder holding <env>.dat (and <env>_state.pt)"
     )
@@ -264,6 +265,14 @@ class EvalConfig(CommonConfig):
         "",
         help="the .dat (or training state <env>_state.pt) to evaluate, any file (default "
         "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
+    )
+    # Redeclared from CommonConfig: a file to evaluate says its own width.
+    hidden_size: int | None = flag(  # type: ignore[assignment]
+        None,
+        "-hs",
+        item=int,
+        help="LSTM hidden size; default: the evaluated file's (512 for the original's and the "
+        "shipped .dat files)",
     )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     threads: int = flag(
@@ -448,7 +457,8 @@ def _validate_common(config: CommonConfig) -> None:
         ("--skip-rate", config.skip_rate),
         ("--hidden-size", config.hidden_size),
     ):
-        require_at_least(flag_name, value)
+        if value is not None:  # gym_eval's --hidden-size: None until given
+            require_at_least(flag_name, value)
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")

@@ -37,6 +37,7 @@ from checkpoint import (
     env_file_stem,
     file_sha256,
     load_weights,
+    saved_hidden_size,
     write_json_atomic,
 )
 from cli import EvalConfig, parse_eval_args
@@ -49,7 +50,7 @@ from environment import (
     register_games,
     short_episode_warning,
 )
-from model import build_model
+from model import HIDDEN_SIZE, ActorCriticLSTM, build_model
 from monitor import counted_sittings, run_totals, up_to_weights
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
 from utils import (
@@ -297,6 +298,21 @@ def recorded_render_mode(args: EvalConfig) -> str | None:
     return "rgb_array" if args.new_gym_eval or args.demo else None
 
 
+def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriticLSTM:
+    """The network for `env` holding `model_path`'s weights.
+
+    Its LSTM is as wide as ``--hidden-size`` says, else as the file's (a CartPole agent
+    trained with ``--hidden-size 64`` plays without the flag).
+
+    Raises:
+        UsageError: the file is missing or unreadable, or its weights do not fit (`load_weights`).
+    """
+    hidden_size = args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
+    model = build_model(env.observation_space, env.action_space, hidden_size)
+    load_weights(model, model_path)
+    return model
+
+
 def check_playable(args: EvalConfig, model_path: Path) -> None:
     """Refuse, before anything is written, what would stop the first game.
 
@@ -310,8 +326,7 @@ def check_playable(args: EvalConfig, model_path: Path) -> None:
     render_mode = recorded_render_mode(args)
     env = eval_env(args, crop_settings(args.env_config, args.env), render_mode)
     try:
-        model = build_model(env.observation_space, env.action_space, args.hidden_size)
-        load_weights(model, model_path)
+        loaded_model(args, model_path, env)
         if render_mode is not None:
             env.reset(seed=0)
             env.render()
@@ -352,8 +367,7 @@ def play_games(
     if wrap_env is not None:
         env = wrap_env(env)
     shown = eval_env(args, env_conf, "human") if args.render else None
-    model = build_model(env.observation_space, env.action_space, args.hidden_size)
-    load_weights(model, model_path)
+    model = loaded_model(args, model_path, env)
     model.to(device).eval()
     if model.channels_last_suits(device):
         model.use_channels_last()

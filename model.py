@@ -11,6 +11,8 @@ from utils import UsageError
 
 MLP_WIDTH = 128
 """Width of the two hidden layers of the vector-observation encoder."""
+HIDDEN_SIZE = 512
+"""The LSTM's width by default (the original's)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,7 +207,9 @@ class A3CMlp(ActorCriticLSTM):
 
 
 def build_model(
-    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, hidden_size: int = 512
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    hidden_size: int = HIDDEN_SIZE,
 ) -> ActorCriticLSTM:
     """Build the network that fits the environment's spaces, with an LSTM of `hidden_size`.
 

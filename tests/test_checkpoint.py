@@ -23,6 +23,7 @@ from checkpoint import (
     load_weights,
     release_run_locks,
     save_atomic,
+    saved_hidden_size,
     write_atomic,
     write_json_atomic,
 )
@@ -214,6 +215,13 @@ def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tm
         return A3Clstm(1, gym.spaces.Discrete(6), 32)
 
     TrainingState(model=net(1).state_dict(), steps=10).save(tmp_path / "Pong_state.pt")
+    torch.save(net(3).state_dict(), tmp_path / "Pong.dat")
+    # The width gym_eval.py builds without --hidden-size; None where the file says nothing.
+    assert saved_hidden_size(tmp_path / "Pong_state.pt") == saved_hidden_size(tmp_path / "Pong.dat")
+    assert saved_hidden_size(tmp_path / "Pong.dat") == 32
+    assert saved_hidden_size(tmp_path / "missing.dat") is None
+    torch.save({"weight": torch.zeros(2, 2)}, tmp_path / "linear.dat")
+    assert saved_hidden_size(tmp_path / "linear.dat") is None
     model = net(2)
     load_weights(model, tmp_path / "Pong_state.pt")  # gym_eval.py --model <env>_state.pt
     for got, want in zip(model.state_dict().values(), net(1).state_dict().values(), strict=True):

@@ -485,8 +485,9 @@ def _tiny_pong_dat(folder):
 
 def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
     _tiny_pong_dat(tmp_path / "models")
+    # No --hidden-size: each process reads the file's, 32.
     flags = [
-        "--env", PONG, "--hidden-size", "32", "--max-episode-length", "30",
+        "--env", PONG, "--max-episode-length", "30",
         "--load-model-dir", str(tmp_path / "models"), "--repeat-action-probability", "0.25",
     ]  # fmt: skip
     result = run_cli(
@@ -797,8 +798,7 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
     result = script_here(
         "gym_eval.py",
         "--env", "CartPole-v1",
-        "--num-episodes", "20",
-        "--hidden-size", "64",
+        "--num-episodes", "20",  # the file's --hidden-size 64 read from it, as in the README
         "--load-model-dir", str(tmp_path / "models"),
         "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
