@@ -225,7 +225,7 @@ class RunMonitor:
         self.test_normalizer: Any = None
         self.train_window: list[dict[str, float]] = []
         self.last_tick = time.time()
-        self.last_steps = ctx.total_steps()
+        self.last_steps = self.first_steps = ctx.total_steps()
         self.fps = 0.0
         self.writer = None
         self.record: dict[str, Any] = {}
@@ -546,9 +546,11 @@ class RunMonitor:
             test = "no test game finished yet"
         skipped = self.ctx.total_skipped()
         skipped_text = f" | {skipped} non-finite updates skipped" if skipped else ""
+        # Many workers on few cores take minutes to build their envs and networks.
+        starting = " | the workers are starting" if steps == self.first_steps else ""
         return (
             f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
-            f"{self.fps:,.0f} frames/s | {test}{skipped_text}"
+            f"{self.fps:,.0f} frames/s | {test}{skipped_text}{starting}"
         )
 
     def close(self, stop_reason: str, exit_code: int, weights: Sequence[Path] = ()) -> None:

@@ -813,7 +813,12 @@ def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_p
     launcher.ctx.skipped[0] = 2  # as two workers' non-finite updates would count them
     with caplog.at_level("INFO", logger="a3g.main"):
         launcher.monitor.tick(force=True)
-    assert "| 2 non-finite updates skipped" in caplog.text
+        assert caplog.text.rstrip().endswith(
+            "| no test game finished yet | 2 non-finite updates skipped | the workers are starting"
+        )
+        launcher.ctx.steps[0] = 20  # a first rollout counted: started
+        launcher.monitor.tick(force=True)
+    assert caplog.text.rstrip().endswith("| 2 non-finite updates skipped")
     launcher.monitor.close("done", 0)
     record = json.loads(launcher.paths.record.read_text())
     assert record["finished"]["skipped_updates"] == 2
