@@ -709,7 +709,10 @@ class Launcher:
         """Stop every child, then save the latest weights and the training state."""
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
         if self.part != "workers":  # a cluster node's pool: its driver says it
-            self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; the files are saved next")
+            then = (
+                "nothing trained to save" if self.trained_nothing() else "the files are saved next"
+            )
+            self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; {then}")
         if self.before_shutdown is not None:
             try:
                 self.before_shutdown()  # a cluster's driver: the nodes' last exchanges
@@ -718,8 +721,8 @@ class Launcher:
         self.stop_children()
         if self.trained_nothing():
             self.log.info(
-                "nothing was trained (0 steps): no weights or training state written, so "
-                f"{self.config.save_model_dir} holds what it held"
+                "nothing was trained (0 steps): no weights or training state written to "
+                f"{self.config.save_model_dir}"
             )
             return
         try:

@@ -500,8 +500,10 @@ class RunMonitor:
         recent = self.rewards[-100:]
         return sum(recent) / len(recent) if recent else math.nan
 
-    def tick(self, force: bool = False) -> None:
+    def tick(self, force: bool = False, final: bool = False) -> None:
         """Every ``--status-interval`` seconds: training scalars, histograms, a status line.
+
+        `force`: now, whenever the last was; `final`: the run's closing line.
 
         With ``--status-interval 0`` (no status lines) TensorBoard still gets its training
         figures, every `TENSORBOARD_SECONDS` (histograms of every weight at each poll would
@@ -517,7 +519,7 @@ class RunMonitor:
         self._to_tensorboard(lambda writer: self._write_training(writer, steps))
         self.train_window = []
         if self.interval > 0:
-            self.log.info(self.status_line(now, steps))
+            self.log.info(self.status_line(now, steps, final))
 
     def _write_training(self, writer: Any, steps: int) -> None:
         frames = steps * self.frames_per_step
@@ -534,8 +536,12 @@ class RunMonitor:
             writer.add_histogram(name, param.detach(), frames)
         writer.flush()
 
-    def status_line(self, now: float, steps: int) -> str:
-        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
+    def status_line(self, now: float, steps: int, final: bool = False) -> str:
+        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``.
+
+        Until the first rollout is counted, and but for the `final` line, it says the workers
+        are starting.
+        """
         clock = format_elapsed(now - self.ctx.start_time)
         if self.rewards:
             test = (
@@ -547,7 +553,7 @@ class RunMonitor:
         skipped = self.ctx.total_skipped()
         skipped_text = f" | {skipped} non-finite updates skipped" if skipped else ""
         # Many workers on few cores take minutes to build their envs and networks.
-        starting = " | the workers are starting" if steps == self.first_steps else ""
+        starting = " | the workers are starting" if steps == self.first_steps and not final else ""
         return (
             f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
             f"{self.fps:,.0f} frames/s | {test}{skipped_text}{starting}"
@@ -559,7 +565,7 @@ class RunMonitor:
         The record keeps the SHA-256 of each of the `weights` files the run leaves (those
         that exist), so an evaluation can tell this run's weights from others of that name.
         """
-        self.tick(force=True)
+        self.tick(force=True, final=True)
         self._to_tensorboard(lambda writer: writer.close())
         elapsed = time.time() - self.ctx.start_time
         self.record["finished"] = {

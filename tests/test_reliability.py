@@ -824,6 +824,15 @@ def test_skipped_updates_are_counted_in_the_status_line_and_the_run_record(tmp_p
     assert record["finished"]["skipped_updates"] == 2
 
 
+def test_the_closing_status_line_of_a_run_that_trained_nothing_says_no_start(tmp_path, caplog):
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher.open_record()
+    with caplog.at_level("INFO", logger="a3g.main"):
+        launcher.monitor.close("SIGINT received", 0)  # stopped before any rollout counted
+    closing = [r.message for r in caplog.records if r.message.startswith("status ")][-1]
+    assert closing.endswith("| no test game finished yet"), closing
+
+
 def test_a_run_record_that_cannot_be_completed_is_said_and_exit_1(tmp_path, caplog):
     """The weights and state are saved, but a record without its end is lost data: exit 1."""
     launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
