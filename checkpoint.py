@@ -163,15 +163,18 @@ def write_json_atomic(obj: Any, path: str | Path) -> None:
 _TORCH_FILE_STARTS = (b"PK", b"\x80")
 
 
-def _torch_load(path: Path, what: str) -> Any:
-    """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors."""
+def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
+    """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors.
+
+    `fix` ends the message of a file that is empty or cut short.
+    """
     try:
         with path.open("rb") as file:
             start = file.read(2)
     except OSError as err:
         raise UsageError(f"{what} {str(path)!r} cannot be read: {err.strerror}") from None
     if not start:
-        raise UsageError(f"{what} {str(path)!r} is empty; use an intact file")
+        raise UsageError(f"{what} {str(path)!r} is empty; {fix}")
     if not start.startswith(_TORCH_FILE_STARTS):
         raise UsageError(
             f"{what} {str(path)!r} is not a PyTorch file (it begins {start!r}); use a .dat "
@@ -187,8 +190,10 @@ def _torch_load(path: Path, what: str) -> Any:
             "load it (it could run code): use a file A3G wrote"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
+        # PyTorch's first sentence says it (a cut zip archive's goes on for a paragraph).
+        reason = (str(err).strip().splitlines() or [repr(err)])[0].split(". ")[0].rstrip(".")
         raise UsageError(
-            f"{what} {str(path)!r} is truncated or not a PyTorch file ({err}); use an intact file"
+            f"{what} {str(path)!r} is truncated or not a PyTorch file ({reason}); {fix}"
         ) from None
 
 
@@ -200,14 +205,29 @@ def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str
             another ``--hidden-size`` or another network.
     """
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise UsageError(f"checkpoint {str(path)!r} is not a state_dict of tensors")
+        raise UsageError(
+            f"checkpoint {str(path)!r} is not a state_dict of tensors; use a .dat A3G (or the "
+            "original A3G) wrote"
+        )
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
+        if "conv1.weight" in state and "conv1.weight" not in own:
+            fix = (
+                "it holds an Atari agent (frames) and this env gives vectors: pass the --env it "
+                "was trained on"
+            )
+        elif "fc1.weight" in state and "fc1.weight" not in own:
+            fix = (
+                "it holds a vector-observation agent (CartPole-like) and this env gives "
+                "frames: pass the --env it was trained on"
+            )
+        else:
+            fix = "use a .dat A3G (or the original A3G) wrote for this env"
         raise UsageError(
-            f"checkpoint {str(path)!r} is for another network: missing {missing[:4]}, "
-            f"unexpected {unexpected[:4]}"
+            f"checkpoint {str(path)!r} is for another network (missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}); {fix}"
         )
     saved_hidden, own_hidden = state["lstm.weight_hh"].shape[1], own["lstm.weight_hh"].shape[1]
     if saved_hidden != own_hidden:
@@ -382,11 +402,13 @@ class TrainingState:
             UsageError: unreadable, truncated, pickled objects, or not a training state.
         """
         path = Path(path)
-        state = _torch_load(path, "training state")
+        state = _torch_load(
+            path, "training state", "use an intact file, or delete it to load the weights alone"
+        )
         if not is_training_state(state):
             raise UsageError(
-                f"training state {str(path)!r} is not an A3G training-state file (format "
-                f"{STATE_FORMAT}); delete it to load the weights alone"
+                f"training state {str(path)!r} is not an A3G training-state file (A3G writes "
+                f"format {STATE_FORMAT}); delete it to load the weights alone"
             )
         return state
 

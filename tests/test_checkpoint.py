@@ -205,6 +205,35 @@ def test_a_file_that_is_not_weights_gets_a_message_that_says_what_it_is(tmp_path
         TrainingState.load(path)
 
 
+def test_a_cut_archive_gets_pytorchs_first_sentence_and_a_state_the_way_past_it(tmp_path):
+    path = tmp_path / "Pong_state.pt"
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 64)  # a zip archive's start, nothing more
+    with pytest.raises(UsageError) as refused:
+        TrainingState.load(path)
+    message = str(refused.value)
+    assert message.endswith("; use an intact file, or delete it to load the weights alone")
+    assert ". " not in message.split("(", 1)[1]  # PyTorch's paragraph cut to its first sentence
+
+
+def test_an_agent_for_frames_and_one_for_vectors_are_told_apart(tmp_path):
+    import gymnasium as gym
+
+    from model import A3Clstm, A3CMlp
+
+    atari, cartpole = A3Clstm(1, gym.spaces.Discrete(6), 32), A3CMlp(4, gym.spaces.Discrete(2), 32)
+    for saved, loaded, says in (
+        (cartpole, atari, "a vector-observation agent (CartPole-like) and this env gives frames"),
+        (atari, cartpole, "an Atari agent (frames) and this env gives vectors"),
+    ):
+        torch.save(saved.state_dict(), tmp_path / "x.dat")
+        with pytest.raises(UsageError) as refused:
+            load_weights(loaded, tmp_path / "x.dat")
+        assert str(refused.value).endswith(f"holds {says}: pass the --env it was trained on")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "x.dat")
+    with pytest.raises(UsageError, match="for another network .*; use a .dat A3G \\(or the orig"):
+        load_weights(atari, tmp_path / "x.dat")
+
+
 def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tmp_path):
     import gymnasium as gym
 
