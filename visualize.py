@@ -1,4 +1,4 @@
-"""Evidence you can look at: training curves, what the agent sees, GIFs, the results table.
+"""Evidence to look at: training curves, what the agent sees, results (GIFs: gym_eval --demo).
 
 Commands::
 
@@ -121,6 +121,10 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
     block: str | None = None  # the argument block read since the last game ("": no run id)
     block_steps: int | None = None  # its steps_at_start, where it has one
     block_loaded: bool | None = None  # its --load, where it says
+    # The same of the first of the run's blocks since the last game: a sitting that played no
+    # game (stopped in its first minute) and its resume are one run that began as the first.
+    run_steps: int | None = None  # the lowest steps_at_start among them: retrained from there
+    run_loaded: bool | None = None
     for line in whole:
         if match := STEPS_AT_START.search(line):
             block_steps = int(match["steps"])
@@ -129,7 +133,14 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
             block_loaded = match["load"] == "True"
             continue
         if match := RUN_ID.search(line):
-            block = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
+            name = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
+            if block == name:  # this run's block before this one played no game
+                run_steps = min(
+                    (s for s in (run_steps, block_steps) if s is not None), default=None
+                )
+            else:  # (its load and steps_at_start come before its tensorboard_dir)
+                run_loaded, run_steps = block_loaded, block_steps
+            block = name
             continue
         if ARGUMENT_BLOCK.search(line):
             block = block or ""
@@ -138,13 +149,14 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
         if match is None:
             continue
         if block is not None:
+            loaded, steps = (run_loaded, run_steps) if block else (block_loaded, block_steps)
             if block == "" or block != run:  # a new run
                 if not all_runs:
                     games = []
                 if not all_runs or run is None:
-                    start = LogStart(block, block_loaded, block_steps)
-            elif block_steps is not None:
-                games = [g for g in games if g.steps is None or g.steps <= block_steps]
+                    start = LogStart(block, loaded, steps)
+            elif steps is not None:
+                games = [g for g in games if g.steps is None or g.steps <= steps]
             run, block, block_steps, block_loaded = block, None, None, None
         g = match.groupdict()
         games.append(
@@ -648,14 +660,21 @@ def results_table(paths: list[str | Path]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in paths:
+        wanted = "pass <log-dir><env>_eval.json files"
         try:
             summary = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:  # ValueError: not JSON, not text
-            raise UsageError(f"cannot read eval summary {str(path)!r}: {err}") from None
-        if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
+        except FileNotFoundError:
+            raise UsageError(f"eval summary {str(path)!r} not found; {wanted}") from None
+        except OSError as err:
             raise UsageError(
-                f"{str(path)!r} is not a gym_eval.py summary; pass <log-dir><env>_eval.json files"
-            )
+                f"cannot read eval summary {str(path)!r} ({err.strerror}); {wanted}"
+            ) from None
+        except ValueError:  # not JSON, not text
+            raise UsageError(
+                f"{str(path)!r} is not a gym_eval.py summary (not JSON); {wanted}"
+            ) from None
+        if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
+            raise UsageError(f"{str(path)!r} is not a gym_eval.py summary; {wanted}")
         try:
             rows.append(_results_row(summary))
         except (TypeError, ValueError, KeyError, AttributeError) as err:

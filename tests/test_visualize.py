@@ -247,6 +247,11 @@ def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_p
     assert parse_sittings([first, resumed, resumed]) == games  # known steps: taken once
     later = tmp_path / "e_log"  # another fresh run, whose counts happen to be higher
     later.write_text(_block("r3", 0, load=False) + _game(50, 5.0, 9000))
+    # A fresh run stopped before its first game, then resumed: its log's run began fresh.
+    quick = tmp_path / "i_log"
+    quick.write_text(
+        _block("r4", 0, load=False) + _block("r4", 900, load=True) + _game(60, 6.0, 1000)
+    )
     for logs, says in (
         ([first, first], "a_log' starts its run again; give each log of one run once, in"),
         ([resumed, first], "a_log' starts its run again"),
@@ -255,6 +260,7 @@ def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_p
         ([first, again, resumed], "b_log' starts its run again"),  # sittings out of order
         ([first, other], "c_log' is of another run, started without --load; give each log"),
         ([first, later], "e_log' is of another run, started without --load"),
+        ([first, quick], "i_log' is of another run, started without --load"),
     ):
         with pytest.raises(UsageError, match=re.escape(says)):
             parse_sittings(logs)
@@ -583,7 +589,10 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     [
         (["table", "{run}"], "'{run}' is not a gym_eval.py summary; pass <log-dir><env>_eval.json"),
         (["table", "{list}"], "'{list}' is not a gym_eval.py summary"),
-        (["table", "{binary}"], "cannot read eval summary '{binary}': 'utf-8' codec can't"),
+        (["table", "{binary}"], "'{binary}' is not a gym_eval.py summary (not JSON); pass <log-"),
+        (["table", "{log}"], "'{log}' is not a gym_eval.py summary (not JSON); pass <log-dir>"),
+        (["table", "{dir}/no.json"], "eval summary '{dir}/no.json' not found; pass <log-dir><env>"),
+        (["table", "{dir}"], "cannot read eval summary '{dir}' (Is a directory); pass <log-"),
         (["curve", "{binary}"], "'{binary}' is not a training log (no line of one); pass"),
         (["milestone", "{run}", "--reward", "1"], "'{run}' is not a training log"),
         (["curve", "{eval_log}"], "'{eval_log}' is gym_eval.py's log, not a training log; pass"),
