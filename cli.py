@@ -451,7 +451,18 @@ MAX_SEED = 2**32 - 1
 """The largest ``--seed`` (numpy's range; each worker's and env's seed is offset from it)."""
 
 
+def _require_folders(config: CommonConfig, *names: str) -> None:
+    """Refuse an empty folder flag: an unset shell variable would write in the current folder."""
+    for name in names:
+        if getattr(config, name) == "":
+            raise UsageError(
+                f"--{name.replace('_', '-')} is empty (an unset shell variable?); give a folder, "
+                ". for the current one"
+            )
+
+
 def _validate_common(config: CommonConfig) -> None:
+    _require_folders(config, "load_model_dir", "log_dir")
     for flag_name, value in (
         ("--max-episode-length", config.max_episode_length),
         ("--skip-rate", config.skip_rate),
@@ -480,6 +491,7 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     require_at_least("--num-steps", config.num_steps)
     require_at_least("--envs-per-worker", config.envs_per_worker)
     _validate_common(config)
+    _require_folders(config, "save_model_dir")
     if config.max_steps < 0:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
     if config.lr_schedule == "linear" and config.max_steps == 0:
@@ -605,6 +617,7 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
         )
     require_at_least("--processes", config.processes)
     _validate_common(config)
+    _require_folders(config, "demo_dir")
     if config.render and min(config.processes, config.num_episodes) > 1:
         raise UsageError(
             f"--render shows the games in one window and cannot with --processes "

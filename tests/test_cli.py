@@ -70,6 +70,7 @@ from visualize import parse_log
         (["--lr-schedule", "linear"], "falls to 0 at --max-steps, which is 0 (no limit); give"),
         (["--lr-schedule", "cosine"], "invalid choice: 'cosine'"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
+        (["--env", "Breakout"], "unknown env id 'Breakout'; did you mean BreakoutNoFrameskip-v4,"),
         (["--repeat-action-probability", "1.5"], "--repeat-action-probability must be in [0, 1]"),
         (["--repeat-action-probability", "nan"], "--repeat-action-probability must be in [0, 1]"),
         (["--repeat-action-probability=-0.1"], "--repeat-action-probability must be in [0, 1]"),
@@ -101,6 +102,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
     assert len(lines) == 1 and message in lines[0], stderr
     assert lines[0].startswith("main.py: error: ")
     assert not list(tmp_path.iterdir())  # no folder made: models/ and logs/ come after
+
+
+@pytest.mark.parametrize(
+    ("parse", "flag_name"),
+    [
+        (parse_train_args, "--save-model-dir"),
+        (parse_train_args, "--log-dir"),
+        (parse_train_args, "--load-model-dir"),
+        (parse_eval_args, "--log-dir"),
+        (parse_eval_args, "--demo-dir"),
+    ],
+)
+def test_an_empty_folder_flag_is_refused_not_the_current_folder(parse, flag_name):
+    """``--save-model-dir "$RUN"`` with RUN unset wrote the weights into the current folder."""
+    with pytest.raises(UsageError) as refused:
+        parse([flag_name, ""])
+    assert str(refused.value) == (
+        f"{flag_name} is empty (an unset shell variable?); give a folder, . for the current one"
+    )
 
 
 def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
