@@ -18,6 +18,7 @@ import pickle
 import re
 import signal
 import socket
+import struct
 import tempfile
 import threading
 import warnings
@@ -189,9 +190,11 @@ def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
             f"{what} {str(path)!r} holds pickled objects, not just tensors; refusing to "
             "load it (it could run code): use a file A3G wrote"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        # PyTorch's first sentence says it (a cut zip archive's goes on for a paragraph).
-        reason = (str(err).strip().splitlines() or [repr(err)])[0].split(". ")[0].rstrip(".")
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, struct.error) as err:
+        # PyTorch's first sentence says it (a cut zip archive's goes on for a paragraph); a
+        # cut legacy-format file fails in the unpickler, with little to say.
+        lines = str(err).strip().splitlines() or ["it ends early"]
+        reason = lines[0].split(". ")[0].rstrip(".")
         raise UsageError(
             f"{what} {str(path)!r} is truncated or not a PyTorch file ({reason}); {fix}"
         ) from None

@@ -2,7 +2,8 @@
 
 Each configuration is a frozen dataclass; each field is one flag, with its short forms and its
 one-line help (CleanRL's ``Args``, with argparse). The flags both scripts take live in
-`CommonConfig` and are declared there only. Every process gets the parsed configuration, never
+`CommonConfig` and are declared there only, but for gym_eval.py's ``--hidden-size``, whose
+default is the evaluated file's width. Every process gets the parsed configuration, never
 the raw command line, and nothing changes it after parsing.
 """
 

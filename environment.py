@@ -168,9 +168,10 @@ def lookup_spec(env_id: str) -> EnvSpec:
         return gym.spec(env_id)
     except gym.error.Error:
         close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.6)
-        ours = f"{env_id}NoFrameskip-v4"  # a game's bare name: the id A3G trains on first
-        if ours in gym.registry:
-            close = [ours, *(c for c in close if c != ours)][:3]
+        # A game's bare name (any case): the id A3G trains on first.
+        wanted = f"{env_id}NoFrameskip-v4".lower()
+        ours = [name for name in gym.registry if name.lower() == wanted]
+        close = [*ours, *(c for c in close if c not in ours)][:3]
         hint = f"did you mean {', '.join(close)}?" if close else "e.g. PongNoFrameskip-v4"
         raise UsageError(f"unknown env id {env_id!r}; {hint}") from None
 

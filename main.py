@@ -491,6 +491,7 @@ class Launcher:
         self.failed = False
         self.final_saved = True
         self.state_saved = True
+        self.stopped_untrained: bool | None = None  # `trained_nothing`, fixed when the stop came
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
         self.ctx = ProcessContext.create(
@@ -701,13 +702,17 @@ class Launcher:
         Its weights are the random ones it began with, which must not replace a ``<env>.dat``
         there (the shipped agent, in the default ``trained_models/``), and a training state of
         them would only refuse the next fresh run. A run that loaded weights, and a cluster's
-        driver, save as ever.
+        driver, save as ever. From the stop on, the answer the stop found: a rollout the
+        workers count while they stop does not make its weights worth saving over a ``.dat``.
         """
+        if self.stopped_untrained is not None:
+            return self.stopped_untrained
         return self.part == "all" and not self.config.load and self.ctx.total_steps() == 0
 
     def shutdown(self) -> None:
         """Stop every child, then save the latest weights and the training state."""
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
+        self.stopped_untrained = self.trained_nothing()
         if self.part != "workers":  # a cluster node's pool: its driver says it
             then = (
                 "nothing trained to save" if self.trained_nothing() else "the files are saved next"
@@ -721,7 +726,7 @@ class Launcher:
         self.stop_children()
         if self.trained_nothing():
             self.log.info(
-                "nothing was trained (0 steps): no weights or training state written to "
+                "nothing was trained before the stop: no weights or training state written to "
                 f"{self.config.save_model_dir}"
             )
             return
@@ -920,8 +925,9 @@ def describe_devices(gpu_ids: tuple[int, ...]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the process exit code.
 
-    0 ok; 1 a process failed or a final save (weights, training state, run record) did not
-    happen; 2 bad input.
+    0 ok (also a run stopped by Ctrl-C or SIGTERM); 1 a process failed or a final save
+    (weights, training state, run record) did not happen; 2 bad input; 130 stopped before
+    any process started.
     """
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)

@@ -134,7 +134,9 @@ class A3Clstm(ActorCriticLSTM):
     original's, so ``.dat`` checkpoints move between the two projects.
     """
 
-    def __init__(self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = 512):
+    def __init__(
+        self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = HIDDEN_SIZE
+    ):
         """Build and initialise the network.
 
         Args:
@@ -182,7 +184,9 @@ class A3Clstm(ActorCriticLSTM):
 class A3CMlp(ActorCriticLSTM):
     """A3C-LSTM for flat vector observations (CartPole, Acrobot): a two-layer MLP encoder."""
 
-    def __init__(self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = 512):
+    def __init__(
+        self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = HIDDEN_SIZE
+    ):
         """Build and initialise the network.
 
         Args:

@@ -539,8 +539,8 @@ class RunMonitor:
     def status_line(self, now: float, steps: int, final: bool = False) -> str:
         """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``.
 
-        Until the first rollout is counted, and but for the `final` line, it says the workers
-        are starting.
+        Until the first rollout is counted it says the workers are starting (except on the
+        `final` line).
         """
         clock = format_elapsed(now - self.ctx.start_time)
         if self.rewards:

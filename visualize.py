@@ -121,10 +121,10 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
     block: str | None = None  # the argument block read since the last game ("": no run id)
     block_steps: int | None = None  # its steps_at_start, where it has one
     block_loaded: bool | None = None  # its --load, where it says
-    # The same of the first of the run's blocks since the last game: a sitting that played no
-    # game (stopped in its first minute) and its resume are one run that began as the first.
-    run_steps: int | None = None  # the lowest steps_at_start among them: retrained from there
-    run_loaded: bool | None = None
+    # Each run's first block since the last game, by run id: its --load, and the lowest
+    # steps_at_start of the run's blocks since (retrained from there). A sitting that played
+    # no game (stopped in its first minute) and its resume are one run that began as the first.
+    firsts: dict[str, tuple[bool | None, int | None]] = {}
     for line in whole:
         if match := STEPS_AT_START.search(line):
             block_steps = int(match["steps"])
@@ -133,14 +133,11 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
             block_loaded = match["load"] == "True"
             continue
         if match := RUN_ID.search(line):
-            name = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
-            if block == name:  # this run's block before this one played no game
-                run_steps = min(
-                    (s for s in (run_steps, block_steps) if s is not None), default=None
-                )
-            else:  # (its load and steps_at_start come before its tensorboard_dir)
-                run_loaded, run_steps = block_loaded, block_steps
-            block = name
+            block = Path(match["run"].strip()).name  # by name: a resume may name another --log-dir
+            # (a block's load and steps_at_start lines come before its tensorboard_dir)
+            loaded, steps = firsts.get(block, (block_loaded, block_steps))
+            known = [s for s in (steps, block_steps) if s is not None]
+            firsts[block] = (loaded, min(known, default=None))
             continue
         if ARGUMENT_BLOCK.search(line):
             block = block or ""
@@ -149,7 +146,7 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
         if match is None:
             continue
         if block is not None:
-            loaded, steps = (run_loaded, run_steps) if block else (block_loaded, block_steps)
+            loaded, steps = firsts[block] if block else (block_loaded, block_steps)
             if block == "" or block != run:  # a new run
                 if not all_runs:
                     games = []
@@ -157,7 +154,7 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
                     start = LogStart(block, loaded, steps)
             elif steps is not None:
                 games = [g for g in games if g.steps is None or g.steps <= steps]
-            run, block, block_steps, block_loaded = block, None, None, None
+            run, block, block_steps, block_loaded, firsts = block, None, None, None, {}
         g = match.groupdict()
         games.append(
             TestGame(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import signal
 import socket
@@ -213,6 +214,14 @@ def test_a_cut_archive_gets_pytorchs_first_sentence_and_a_state_the_way_past_it(
     message = str(refused.value)
     assert message.endswith("; use an intact file, or delete it to load the weights alone")
     assert ". " not in message.split("(", 1)[1]  # PyTorch's paragraph cut to its first sentence
+    # The legacy (pickle) format cut anywhere is one line too, never a traceback.
+    legacy = io.BytesIO()
+    torch.save({"w": torch.zeros(64)}, legacy, _use_new_zipfile_serialization=False)
+    for size in (1, 18, 28, 140, len(legacy.getvalue()) - 10):  # (a cut inside a GLOBAL
+        # opcode reads as a global not allowed: refused as pickled objects, also one line)
+        path.write_bytes(legacy.getvalue()[:size])
+        with pytest.raises(UsageError, match=r"is truncated or not a PyTorch file \(.+\); use an"):
+            load_weights(torch.nn.Linear(1, 1), path)
 
 
 def test_an_agent_for_frames_and_one_for_vectors_are_told_apart(tmp_path):
@@ -244,10 +253,10 @@ def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tm
         return A3Clstm(1, gym.spaces.Discrete(6), 32)
 
     TrainingState(model=net(1).state_dict(), steps=10).save(tmp_path / "Pong_state.pt")
-    torch.save(net(3).state_dict(), tmp_path / "Pong.dat")
+    torch.save(A3Clstm(1, gym.spaces.Discrete(6), 16).state_dict(), tmp_path / "Pong.dat")
     # The width gym_eval.py builds without --hidden-size; None where the file says nothing.
-    assert saved_hidden_size(tmp_path / "Pong_state.pt") == saved_hidden_size(tmp_path / "Pong.dat")
-    assert saved_hidden_size(tmp_path / "Pong.dat") == 32
+    assert saved_hidden_size(tmp_path / "Pong_state.pt") == 32
+    assert saved_hidden_size(tmp_path / "Pong.dat") == 16
     assert saved_hidden_size(tmp_path / "missing.dat") is None
     torch.save({"weight": torch.zeros(2, 2)}, tmp_path / "linear.dat")
     assert saved_hidden_size(tmp_path / "linear.dat") is None

@@ -71,6 +71,7 @@ from visualize import parse_log
         (["--lr-schedule", "cosine"], "invalid choice: 'cosine'"),
         (["--env", "PongNoFrameSkip-v4"], "did you mean PongNoFrameskip-v4"),
         (["--env", "Breakout"], "unknown env id 'Breakout'; did you mean BreakoutNoFrameskip-v4,"),
+        (["--env", "breakout"], "unknown env id 'breakout'; did you mean BreakoutNoFrameskip-v4"),
         (["--repeat-action-probability", "1.5"], "--repeat-action-probability must be in [0, 1]"),
         (["--repeat-action-probability", "nan"], "--repeat-action-probability must be in [0, 1]"),
         (["--repeat-action-probability=-0.1"], "--repeat-action-probability must be in [0, 1]"),

@@ -29,7 +29,7 @@ import train
 from checkpoint import RunPaths, TrainingState, file_sha256
 from cli import as_dict, parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
-from main import Child, prepare
+from main import STOPPING, Child, prepare
 from model import A3Clstm, build_model
 from monitor import TENSORBOARD_SECONDS, run_totals
 from tests.conftest import (
@@ -892,6 +892,31 @@ def test_a_signal_before_any_child_starts_stops_and_writes_over_nothing(tmp_path
         f"{PONG}.dat",
         f"{PONG}_state.pt",
     }
+
+
+def test_a_rollout_counted_while_an_untrained_run_stops_saves_nothing(tmp_path, caplog):
+    """The stop decides: 32 workers on 2 cores stopped in their first minute finish a
+    rollout or two while they stop, and those weights must not replace the shipped agent."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / f"{PONG}.dat").write_bytes(b"the shipped agent")
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    launcher.open_record()
+    stop_children = launcher.stop_children
+
+    def a_last_rollout_counted() -> None:
+        stop_children()
+        launcher.ctx.steps[0] = 20
+
+    launcher.stop_children = a_last_rollout_counted
+    with caplog.at_level("INFO", logger="a3g.main"):
+        launcher.shutdown()
+    assert f"{STOPPING}done; nothing trained to save" in caplog.text
+    assert "nothing was trained before the stop: no weights or training state written" in (
+        caplog.text
+    )
+    assert (tmp_path / "models" / f"{PONG}.dat").read_bytes() == b"the shipped agent"
+    assert not (tmp_path / "models" / f"{PONG}_state.pt").exists()
+    assert launcher.trained_nothing() and launcher.weights_left() == set()
 
 
 def test_an_rmsprop_state_saved_with_amsgrad_still_resumes(tmp_path):

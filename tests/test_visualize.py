@@ -249,8 +249,11 @@ def test_sittings_out_of_order_twice_or_of_two_runs_are_refused_not_joined(tmp_p
     later.write_text(_block("r3", 0, load=False) + _game(50, 5.0, 9000))
     # A fresh run stopped before its first game, then resumed: its log's run began fresh.
     quick = tmp_path / "i_log"
-    quick.write_text(
-        _block("r4", 0, load=False) + _block("r4", 900, load=True) + _game(60, 6.0, 1000)
+    quick.write_text(  # another run's block between them
+        _block("r4", 0, load=False)
+        + _block("r5", 0, load=False)
+        + _block("r4", 900, load=True)
+        + _game(60, 6.0, 1000)
     )
     for logs, says in (
         ([first, first], "a_log' starts its run again; give each log of one run once, in"),
