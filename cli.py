@@ -262,8 +262,9 @@ class EvalConfig(CommonConfig):
         False, "-nge", help="record every game as an MP4 video in --video-dir"
     )
     video_dir: str = flag("", help="where --new-gym-eval writes (default <log-dir>videos/)")
-    model: str = flag(
-        "",
+    model: str | None = flag(
+        None,
+        item=str,
         help="the .dat (or training state <env>_state.pt) to evaluate, any file (default "
         "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
     )
@@ -619,6 +620,11 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
     require_at_least("--processes", config.processes)
     _validate_common(config)
     _require_folders(config, "demo_dir")
+    if config.model == "":
+        raise UsageError(
+            "--model is empty (an unset shell variable?); give the path of a .dat or "
+            "training-state file, or leave it out for <load-model-dir><env>.dat"
+        )
     if config.render and min(config.processes, config.num_episodes) > 1:
         raise UsageError(
             f"--render shows the games in one window and cannot with --processes "

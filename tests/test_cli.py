@@ -124,6 +124,13 @@ def test_an_empty_folder_flag_is_refused_not_the_current_folder(parse, flag_name
     )
 
 
+def test_an_empty_model_is_refused_not_the_default_file():
+    """``gym_eval.py --model "$DAT"`` with DAT unset evaluated the default <env>.dat."""
+    assert parse_eval_args([]).model is None  # no --model: <load-model-dir><env>.dat
+    with pytest.raises(UsageError, match=r"^--model is empty \(an unset shell variable\?\); "):
+        parse_eval_args(["--model", ""])
+
+
 def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
     """``--log-dir=~/runs`` reaches the program as typed (no shell expands it after ``=``)."""
     home = os.path.expanduser("~")
