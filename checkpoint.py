@@ -192,8 +192,10 @@ def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, IndexError, struct.error) as err:
         # PyTorch's first sentence says it (a cut zip archive's goes on for a paragraph); a
-        # cut legacy-format file fails in the unpickler, with little to say.
-        lines = str(err).strip().splitlines() or ["it ends early"]
+        # cut legacy-format file fails in the unpickler, with nothing to say a user can use.
+        lines = str(err).strip().splitlines()
+        if isinstance(err, IndexError | struct.error | EOFError) or not lines:
+            lines = ["it ends early"]
         reason = lines[0].split(". ")[0].rstrip(".")
         raise UsageError(
             f"{what} {str(path)!r} is truncated or not a PyTorch file ({reason}); {fix}"

@@ -608,6 +608,7 @@ class Launcher:
         self._signals += 1
         if self._signals == 1:  # a run already stopping (its budget reached) keeps its reason
             self.stop_reason = self.stop_reason or f"{signal.Signals(signum).name} received"
+            self.latch_untrained()  # before the workers hear of it
             self.ctx.request_stop()
 
     def start(self) -> None:
@@ -709,10 +710,15 @@ class Launcher:
             return self.stopped_untrained
         return self.part == "all" and not self.config.load and self.ctx.total_steps() == 0
 
+    def latch_untrained(self) -> None:
+        """Fix `trained_nothing`'s answer as the stop comes (the first signal, or shutdown)."""
+        if self.stopped_untrained is None:
+            self.stopped_untrained = self.trained_nothing()
+
     def shutdown(self) -> None:
         """Stop every child, then save the latest weights and the training state."""
+        self.latch_untrained()
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
-        self.stopped_untrained = self.trained_nothing()
         if self.part != "workers":  # a cluster node's pool: its driver says it
             then = (
                 "nothing trained to save" if self.trained_nothing() else "the files are saved next"
@@ -890,7 +896,7 @@ class Launcher:
             f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
             f"{format_elapsed(time.time() - self.ctx.start_time)}; "
             + (
-                "nothing trained, nothing saved"
+                "nothing saved (untrained when the stop came)"
                 if self.trained_nothing()
                 else f"model saved to {self.paths.final_model}"
                 if self.final_saved

@@ -877,7 +877,7 @@ def test_a_signal_before_any_child_starts_stops_and_writes_over_nothing(tmp_path
         f"{PONG}.dat",
         f"{PONG}.lock",
     ]
-    assert "nothing trained, nothing saved" in caplog.text
+    assert "nothing saved (untrained when the stop came)" in caplog.text
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["finished"]["stop_reason"] == "SIGINT received"
     assert record["finished"]["exit_code"] == 0 and record["finished"]["weights_sha256"] == {}
@@ -905,12 +905,14 @@ def test_a_rollout_counted_while_an_untrained_run_stops_saves_nothing(tmp_path, 
 
     def a_last_rollout_counted() -> None:
         stop_children()
-        launcher.ctx.steps[0] = 20
+        launcher.ctx.steps[0] = 40
 
     launcher.stop_children = a_last_rollout_counted
     with caplog.at_level("INFO", logger="a3g.main"):
+        launcher._on_signal(signal.SIGINT, None)  # the Ctrl-C, as its handler takes it
+        launcher.ctx.steps[0] = 20  # a rollout counted before the launcher's shutdown began
         launcher.shutdown()
-    assert f"{STOPPING}done; nothing trained to save" in caplog.text
+    assert f"{STOPPING}SIGINT received; nothing trained to save" in caplog.text
     assert "nothing was trained before the stop: no weights or training state written" in (
         caplog.text
     )
