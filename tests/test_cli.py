@@ -473,9 +473,14 @@ def test_stalled_games_end_and_say_so_in_the_test_process_and_gym_eval(tmp_path)
     log = log_path.read_text()
     assert "episode length 50, " in log and "stalled: no reward in 50 steps" in log
 
+    # Weights of its own: the run may be stopped before its worker counted a step, and then
+    # (rightly) saves none.
+    (tmp_path / "weights").mkdir()
+    weights = A3Clstm(1, gym.spaces.Discrete(4), 32).state_dict()
+    torch.save(weights, tmp_path / "weights" / "BreakoutNoFrameskip-v4.dat")
     result = script_here(
         "gym_eval.py", *breakout, *stuck, "--num-episodes", "2",
-        "--load-model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs"),
+        "--load-model-dir", str(tmp_path / "weights"), "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("stalled: no reward in 50 steps") == 2
