@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,14 +223,17 @@ def test_bench_training_stopped_stops_main_py_and_keeps_what_it_measured(tmp_pat
 
 
 def _wait_for_a_test_game(parent: int, env: str) -> None:
-    """Until the main.py a benchmark process runs has logged a test game (60 s at most)."""
+    """Until the main.py a benchmark process runs has logged a test game played once its
+    workers had counted steps (60 s at most): a run stopped before that saves no weights."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for pid in _benchmarked_main_py(parent):
             words = live_processes().get(pid, (0, 0, ""))[2].split()
             if "--log-dir" in words:
                 log = Path(words[words.index("--log-dir") + 1]) / f"{env}_log"
-                if log.exists() and "episode reward" in log.read_text():
+                if log.exists() and re.search(
+                    r"episode reward .*total steps [1-9]", log.read_text()
+                ):
                     return
         time.sleep(0.5)
     pytest.fail("main.py logged no test game within 60 s")
