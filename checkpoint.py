@@ -280,9 +280,7 @@ def saved_hidden_size(path: str | Path) -> int | None:
     path = Path(path)
     if not path.is_file():
         return None
-    content = _torch_load(path, "checkpoint")
-    if is_training_state(content):
-        content = content.get("model")
+    content = _stored_weights(path)
     weight = content.get("lstm.weight_hh") if isinstance(content, dict) else None
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
 
@@ -307,10 +305,27 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
             f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
             f"the folder holding {path.name} (gym_eval.py also takes any file as --model)"
         )
+    model.load_state_dict(check_state_dict(model, _stored_weights(path), path))
+
+
+def _stored_weights(path: Path) -> Any:
+    """What a file holds as weights: a ``.dat``'s content, or a training state's ``model``.
+
+    (A training state is what gym_eval.py --model <env>_state.pt plays.) `check_state_dict`
+    says whether they fit.
+    """
     content = _torch_load(path, "checkpoint")
-    if is_training_state(content):  # its weights (gym_eval.py --model <env>_state.pt)
-        content = content.get("model")
-    model.load_state_dict(check_state_dict(model, content, path))
+    return content.get("model") if is_training_state(content) else content
+
+
+def untrained(loaded: bool, steps: int) -> bool:
+    """Whether a run's weights are the random ones it began with.
+
+    A fresh run (no ``--load``) before its first counted step. Such weights are never saved
+    over a ``<env>.dat`` (the shipped agent, in the default folder) nor as a training state
+    (which would refuse the next fresh run).
+    """
+    return not loaded and steps == 0
 
 
 STATE_FORMAT = 1

@@ -36,6 +36,7 @@ from checkpoint import (
     load_weights,
     release_run_locks,
     save_atomic,
+    untrained,
 )
 from cli import TrainConfig, as_dict, parse_train_args
 from environment import (
@@ -708,7 +709,7 @@ class Launcher:
         """
         if self.stopped_untrained is not None:
             return self.stopped_untrained
-        return self.part == "all" and not self.config.load and self.ctx.total_steps() == 0
+        return self.part == "all" and untrained(self.config.load, self.ctx.total_steps())
 
     def latch_untrained(self) -> None:
         """Fix `trained_nothing`'s answer as the stop comes (the first signal, or shutdown)."""

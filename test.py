@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from checkpoint import RunPaths, cpu_state_dict, save_atomic
+from checkpoint import RunPaths, cpu_state_dict, save_atomic, untrained
 from cli import TrainConfig, as_dict
 from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
 from model import build_model
@@ -103,10 +103,7 @@ def run_test(
             f"frames/s {frames / max(elapsed, 1e-9):.0f}{game.note()}"
         )
         saved = False
-        # A fresh run's weights before its first step are the random ones it began with: not
-        # to replace what the folder holds (the shipped agent, in the default folder).
-        untrained = not config.load and taken[0] == 0
-        if not untrained and (not config.save_max or game.reward >= bar):
+        if not untrained(config.load, taken[0]) and (not config.save_max or game.reward >= bar):
             try:
                 save_atomic(cpu_state_dict(model), paths.model)
             except OSError as err:
