@@ -285,6 +285,19 @@ def saved_hidden_size(path: str | Path) -> int | None:
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
 
 
+def loaded_hidden_size(env_id: str, load_model_dir: str) -> int | None:
+    """The LSTM hidden size of what main.py's ``--load`` reads from `load_model_dir`.
+
+    The training state's weights where there is one, else the ``.dat``'s (`resume_from`'s
+    choice); None where neither says (no file: the resume says so).
+
+    Raises:
+        UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
+    """
+    state = checkpoint_path(load_model_dir, env_id, f"{STATE_SUFFIX}.pt")
+    return saved_hidden_size(state if state.is_file() else checkpoint_path(load_model_dir, env_id))
+
+
 def load_weights(model: nn.Module, path: str | Path) -> None:
     """Load a ``.dat`` state_dict (ours or the original A3G's), or a training state's, into `model`.
 

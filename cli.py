@@ -2,9 +2,9 @@
 
 Each configuration is a frozen dataclass; each field is one flag, with its short forms and its
 one-line help (CleanRL's ``Args``, with argparse). The flags both scripts take live in
-`CommonConfig` and are declared there only, but for gym_eval.py's ``--hidden-size``, whose
-default is the evaluated file's width. Every process gets the parsed configuration, never
-the raw command line, and nothing changes it after parsing.
+`CommonConfig` and are declared there only. Every process gets the parsed configuration, never
+the raw command line, and nothing changes it after parsing (main.py's ``--hidden-size`` is
+settled in parsing: the file ``--load`` reads says its width).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import argparse
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from checkpoint import loaded_hidden_size
 from environment import (
     DEFAULT_CONFIG,
     check_episode_cap,
@@ -86,7 +87,13 @@ class CommonConfig:
         "reset (no-ops, FIRE) count, as in the original",
     )
     skip_rate: int = flag(DEFAULT_SKIP_RATE, "-sk", help="frame skip (NoFrameskip ids)")
-    hidden_size: int = flag(HIDDEN_SIZE, "-hs", help="LSTM hidden size (must match a loaded model)")
+    hidden_size: int | None = flag(
+        None,
+        "-hs",
+        item=int,
+        help=f"LSTM hidden size; default: the loaded file's (main.py --load, gym_eval.py's "
+        f"evaluated file), else {HIDDEN_SIZE} (the original's and the shipped agents')",
+    )
     load_model_dir: str = flag(
         "trained_models/", "-lmd", help="folder holding <env>.dat (and <env>_state.pt)"
     )
@@ -268,14 +275,6 @@ class EvalConfig(CommonConfig):
         help="the .dat (or training state <env>_state.pt) to evaluate, any file (default "
         "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
     )
-    # Redeclared from CommonConfig: a file to evaluate says its own width.
-    hidden_size: int | None = flag(  # type: ignore[assignment]
-        None,
-        "-hs",
-        item=int,
-        help="LSTM hidden size; default: the evaluated file's (512 for the original's and the "
-        "shipped .dat files)",
-    )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     threads: int = flag(
         1,
@@ -373,7 +372,11 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
     Raises:
         UsageError: a value that cannot work (argparse's own errors exit with code 2).
     """
-    return validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
+    config = validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
+    if config.hidden_size is None:  # the width of what --load reads, else the original's
+        width = loaded_hidden_size(config.env, config.load_model_dir) if config.load else None
+        config = replace(config, hidden_size=width or HIDDEN_SIZE)
+    return config
 
 
 def parse_eval_args(

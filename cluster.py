@@ -671,7 +671,9 @@ class NodeLauncher:
         model = build_model(env.observation_space, env.action_space, config.hidden_size)
         shape = env.observation_space.shape
         env.close()
-        joined = ray.get(server.join.remote(node))
+        # A server that does not answer fails this node's start (the driver names it), not
+        # hangs it: the driver's wait for the nodes would end, this actor would not.
+        joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
         set_flat(model, joined["weights"])
         model.share_memory()
         optimizer = None

@@ -243,6 +243,31 @@ def test_an_agent_for_frames_and_one_for_vectors_are_told_apart(tmp_path):
         load_weights(atari, tmp_path / "x.dat")
 
 
+def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path):
+    import gymnasium as gym
+
+    from cli import parse_train_args
+    from model import HIDDEN_SIZE, A3Clstm
+
+    def width(*flags: str) -> int:
+        return parse_train_args(["--env", "CartPole-v1", *flags]).hidden_size
+
+    def agent(hidden: int) -> dict:
+        return A3Clstm(4, gym.spaces.Discrete(2), hidden).state_dict()
+
+    load = ["--load", "--load-model-dir", str(tmp_path)]
+    assert width(*load) == HIDDEN_SIZE  # no file: the resume says so, with the usual width
+    torch.save(agent(16), tmp_path / "CartPole-v1.dat")
+    assert width(*load) == 16  # the weights alone
+    assert width() == HIDDEN_SIZE  # a fresh run: the file is not read
+    TrainingState(model=agent(24), steps=10).save(tmp_path / "CartPole-v1_state.pt")
+    assert width(*load) == 24  # the training state, which --load resumes from
+    assert width(*load, "--hidden-size", "8") == 8  # given: kept (the load then refuses it)
+    (tmp_path / "CartPole-v1_state.pt").write_bytes(b"cut")
+    with pytest.raises(UsageError, match="CartPole-v1_state.pt"):
+        width(*load)
+
+
 def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tmp_path):
     import gymnasium as gym
 

@@ -288,7 +288,9 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     load = ["--load", "--load-model-dir", str(tmp_path / "models")]
     log_path = tmp_path / "logs" / f"{PONG}_log"
     first_log = log_path.read_text()
-    resume = [*flags, *load, "--max-steps", "2600", "--tensorboard-logger"]
+    width = flags.index("--hidden-size")  # left out: --load reads the state's, 32
+    resume = [*flags[:width], *flags[width + 2 :], *load, "--max-steps", "2600"]
+    resume.append("--tensorboard-logger")
     check_the_resumed_launcher(saved, resume)
 
     # ... and the CLI goes on from the training state: counters, each env's normaliser and
@@ -314,6 +316,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     assert again["test_rewards"][: len(saved["test_rewards"])] == saved["test_rewards"]
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["resumed_from"] == str(state_path)
+    assert record["config"]["hidden_size"] == 32
     # The first run only: the in-process launcher above never ran, and wrote nothing.
     assert len(record["previous_runs"]) == 1
     assert record["previous_runs"][0]["finished"]["steps"] >= 2000
