@@ -468,6 +468,11 @@ def _require_folders(config: CommonConfig, *names: str) -> None:
 
 def _validate_common(config: CommonConfig) -> None:
     _require_folders(config, "load_model_dir", "log_dir")
+    if config.env_config == "":
+        raise UsageError(
+            "--env-config is empty (an unset shell variable?); give a JSON file, or leave the "
+            "flag out for the shipped one"
+        )
     for flag_name, value in (
         ("--max-episode-length", config.max_episode_length),
         ("--skip-rate", config.skip_rate),

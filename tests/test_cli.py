@@ -124,6 +124,13 @@ def test_an_empty_folder_flag_is_refused_not_the_current_folder(parse, flag_name
     )
 
 
+@pytest.mark.parametrize("parse", [parse_train_args, parse_eval_args])
+def test_an_empty_env_config_is_refused_in_one_line(parse):
+    """``--env-config "$CONF"`` with CONF unset said ``'.' cannot be read: Is a directory``."""
+    with pytest.raises(UsageError, match=r"^--env-config is empty \(an unset shell variable\?\); "):
+        parse(["--env-config", ""])
+
+
 def test_an_empty_model_is_refused_not_the_default_file():
     """``gym_eval.py --model "$DAT"`` with DAT unset evaluated the default <env>.dat."""
     assert parse_eval_args([]).model is None  # no --model: <load-model-dir><env>.dat
