@@ -278,10 +278,12 @@ def saved_hidden_size(path: str | Path) -> int | None:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
     """
     path = Path(path)
-    if not path.is_file():
-        return None
-    content = _stored_weights(path)
-    weight = content.get("lstm.weight_hh") if isinstance(content, dict) else None
+    return _lstm_width(_stored_weights(path)) if path.is_file() else None
+
+
+def _lstm_width(weights: Any) -> int | None:
+    """The LSTM hidden size of a state_dict, None where it holds no LSTM weights."""
+    weight = weights.get("lstm.weight_hh") if isinstance(weights, dict) else None
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
 
 
@@ -292,10 +294,13 @@ def loaded_hidden_size(env_id: str, load_model_dir: str) -> int | None:
     choice); None where neither says (no file: the resume says so).
 
     Raises:
-        UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
+        UsageError: the file is truncated, not a PyTorch file or holds pickled objects; the
+            state is not a training state (each said as the resume says it).
     """
     state = checkpoint_path(load_model_dir, env_id, f"{STATE_SUFFIX}.pt")
-    return saved_hidden_size(state if state.is_file() else checkpoint_path(load_model_dir, env_id))
+    if state.is_file():
+        return _lstm_width(TrainingState.read_file(state).get("model"))
+    return saved_hidden_size(checkpoint_path(load_model_dir, env_id))
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:

@@ -478,7 +478,7 @@ def _validate_common(config: CommonConfig) -> None:
         ("--skip-rate", config.skip_rate),
         ("--hidden-size", config.hidden_size),
     ):
-        if value is not None:  # gym_eval's --hidden-size: None until given
+        if value is not None:  # --hidden-size: None until given (the file's width)
             require_at_least(flag_name, value)
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:

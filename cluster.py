@@ -673,7 +673,12 @@ class NodeLauncher:
         env.close()
         # A server that does not answer fails this node's start (the driver names it), not
         # hangs it: the driver's wait for the nodes would end, this actor would not.
-        joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
+        try:
+            joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the parameter server did not answer this node's join in {SERVER_SECONDS:.0f} s"
+            ) from None
         set_flat(model, joined["weights"])
         model.share_memory()
         optimizer = None
