@@ -370,7 +370,8 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
             benchmarks pass ``main.py`` when they check flags they will hand to main.py.
 
     Raises:
-        UsageError: a value that cannot work (argparse's own errors exit with code 2).
+        UsageError: a value that cannot work (argparse's own errors exit with code 2); under
+            ``--load`` without ``--hidden-size``, a damaged or foreign file to read it from.
     """
     config = validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
     if config.hidden_size is None:  # the width of what --load reads, else the original's

@@ -56,9 +56,10 @@ STOP_SECONDS = 60.0
 """How long the driver waits for the nodes' final exchange when the run stops."""
 
 SERVER_SECONDS = 60.0
-"""How long the driver waits for one answer of the parameter server (a pull, its figures):
-longer, and the server is taken as lost (hung, or its machine unreachable), so the driver's
-Ctrl-C and the final save never wait on it for good."""
+"""How long the driver waits for one answer of the parameter server (a pull, its figures), and a
+node for its join: longer, and the server is taken as lost (hung, or its machine unreachable;
+a joining node's start fails), so the driver's Ctrl-C and the final save never wait on it for
+good."""
 
 ADOPT_SECONDS = 10.0
 """How often the driver looks for alive nodes without a launcher (a node back, or a new one)."""
