@@ -287,20 +287,19 @@ def _lstm_width(weights: Any) -> int | None:
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
 
 
-def loaded_hidden_size(env_id: str, load_model_dir: str) -> int | None:
-    """The LSTM hidden size of what main.py's ``--load`` reads from `load_model_dir`.
+def loaded_hidden_size(paths: RunPaths) -> int | None:
+    """The LSTM hidden size of what main.py's ``--load`` reads.
 
-    The training state's weights where there is one, else the ``.dat``'s (`resume_from`'s
-    choice); None where neither says (no file: the resume says so).
+    The weights of `paths.load_state` where there is one, else of `paths.load_model`
+    (`resume_from`'s choice); None where neither says (no file: the resume says so).
 
     Raises:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects; the
             state is not a training state (each said as the resume says it).
     """
-    state = checkpoint_path(load_model_dir, env_id, f"{STATE_SUFFIX}.pt")
-    if state.is_file():
-        return _lstm_width(TrainingState.read_file(state).get("model"))
-    return saved_hidden_size(checkpoint_path(load_model_dir, env_id))
+    if paths.load_state.is_file():
+        return _lstm_width(TrainingState.read_file(paths.load_state).get("model"))
+    return saved_hidden_size(paths.load_model)
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:

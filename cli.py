@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
-from checkpoint import loaded_hidden_size
+from checkpoint import RunPaths, loaded_hidden_size
 from environment import (
     DEFAULT_CONFIG,
     check_episode_cap,
@@ -375,7 +375,13 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
     """
     config = validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
     if config.hidden_size is None:  # the width of what --load reads, else the original's
-        width = loaded_hidden_size(config.env, config.load_model_dir) if config.load else None
+        width = None
+        if config.load:
+            paths = RunPaths.of(
+                config.env, config.log_dir, config.save_model_dir, config.load_model_dir,
+                config.save_max,
+            )  # fmt: skip
+            width = loaded_hidden_size(paths)
         config = replace(config, hidden_size=width or HIDDEN_SIZE)
     return config
 
@@ -457,23 +463,23 @@ MAX_SEED = 2**32 - 1
 """The largest ``--seed`` (numpy's range; each worker's and env's seed is offset from it)."""
 
 
+def _refuse_empty(config: CommonConfig, name: str, fix: str) -> None:
+    """Refuse a flag given as "": an unset shell variable, which would mean another file."""
+    if getattr(config, name) == "":
+        raise UsageError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); {fix}")
+
+
 def _require_folders(config: CommonConfig, *names: str) -> None:
     """Refuse an empty folder flag: an unset shell variable would write in the current folder."""
     for name in names:
-        if getattr(config, name) == "":
-            raise UsageError(
-                f"--{name.replace('_', '-')} is empty (an unset shell variable?); give a folder, "
-                ". for the current one"
-            )
+        _refuse_empty(config, name, "give a folder, . for the current one")
 
 
 def _validate_common(config: CommonConfig) -> None:
     _require_folders(config, "load_model_dir", "log_dir")
-    if config.env_config == "":
-        raise UsageError(
-            "--env-config is empty (an unset shell variable?); give a JSON file, or leave the "
-            "flag out for the shipped one"
-        )
+    _refuse_empty(
+        config, "env_config", "give a JSON file, or leave the flag out for the shipped one"
+    )
     for flag_name, value in (
         ("--max-episode-length", config.max_episode_length),
         ("--skip-rate", config.skip_rate),
@@ -629,11 +635,12 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
     require_at_least("--processes", config.processes)
     _validate_common(config)
     _require_folders(config, "demo_dir")
-    if config.model == "":
-        raise UsageError(
-            "--model is empty (an unset shell variable?); give the path of a .dat or "
-            "training-state file, or leave it out for <load-model-dir><env>.dat"
-        )
+    _refuse_empty(
+        config,
+        "model",
+        "give the path of a .dat or training-state file, or leave it out for "
+        "<load-model-dir><env>.dat",
+    )
     if config.render and min(config.processes, config.num_episodes) > 1:
         raise UsageError(
             f"--render shows the games in one window and cannot with --processes "
