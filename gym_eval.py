@@ -307,10 +307,14 @@ def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriti
     Raises:
         UsageError: the file is missing or unreadable, or its weights do not fit (`load_weights`).
     """
-    hidden_size = args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
-    model = build_model(env.observation_space, env.action_space, hidden_size)
+    model = build_model(env.observation_space, env.action_space, played_width(args, model_path))
     load_weights(model, model_path)
     return model
+
+
+def played_width(args: EvalConfig, model_path: Path) -> int:
+    """The LSTM hidden size the games are played with: ``--hidden-size``, else the file's."""
+    return args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
 
 
 def check_playable(args: EvalConfig, model_path: Path) -> None:
@@ -572,6 +576,7 @@ def evaluate(args: EvalConfig) -> dict:
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path, log)  # its warning before the games
+    played_bytes, width = file_sha256(model_path), played_width(args, model_path)
     if args.demo:
         earlier = [path for path in demo_paths(Path(args.demo_dir), stem) if path.exists()]
         if earlier:  # the default demo/ holds the shipped pictures
@@ -632,6 +637,8 @@ def evaluate(args: EvalConfig) -> dict:
     summary = {
         "env": args.env,
         "model": str(model_path),
+        "model_sha256": played_bytes,
+        "hidden_size": width,
         "games": len(rewards),
         "mean": statistics.fmean(rewards),
         "std": statistics.pstdev(rewards),

@@ -20,7 +20,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from checkpoint import TrainingState, release_run_locks
+from checkpoint import TrainingState, file_sha256, release_run_locks
 from cli import (
     CommonConfig,
     EvalConfig,
@@ -288,6 +288,8 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 2 and len(summary["rewards"]) == 2
     assert summary["best"] == max(summary["rewards"])
+    assert summary["hidden_size"] == 32  # the bytes played, named whatever the file's name
+    assert summary["model_sha256"] == file_sha256(tmp_path / "models" / f"{PONG}.dat")
     assert summary["protocol"]["repeat_action_probability"] == 0.0  # the id's own
     assert summary["training"]["protocol"]["repeat_action_probability"] == 0.25
 
@@ -849,3 +851,4 @@ def test_cartpole_learns_to_475_with_two_hogwild_workers(tmp_path, precision):
     summary = json.loads((tmp_path / "logs" / "CartPole-v1_eval.json").read_text())
     assert summary["games"] == 20
     assert summary["mean"] >= 475, summary
+    assert summary["hidden_size"] == 64  # read from the file
