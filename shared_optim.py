@@ -4,7 +4,9 @@ All state (step count, moving averages) is created in ``__init__`` rather than l
 first step, so `share_memory()` can move it to shared memory before the workers start; every
 worker then reads and updates the same statistics, without locks. The update arithmetic
 follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` (single-tensor path) operation for
-operation, so both give the same parameters step after step.
+operation, so both give the same parameters step after step. (The original's SharedAdam adds
+eps before the bias correction, as the ``torch.optim.Adam`` of its day did: a larger
+effective eps for the first few hundred steps; docs/differences.md.)
 
 The step count is the one statistic a lost update would corrupt for good: ``step += 1`` on
 one shared number from every worker is a read-modify-write race (two processes stepping
