@@ -219,7 +219,7 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
 
 
 def training_record(
-    log_dir: str, model_path: Path, log: logging.Logger | None = None
+    log_dir: str, model_path: Path, digest: str | None, log: logging.Logger | None = None
 ) -> dict | None:
     """What the run record in `log_dir` says about how the model was trained, if present.
 
@@ -236,6 +236,12 @@ def training_record(
     beside another model of that name) is left out, with a warning on `log`; older records
     are taken by the file name alone. A record this version cannot read is left out (with a
     warning on `log`): it never stops an evaluation.
+
+    Args:
+        log_dir: the evaluation's ``--log-dir``, where the record is looked for.
+        model_path: the model file evaluated.
+        digest: the SHA-256 of its bytes as the evaluation read them (None: unknown).
+        log: where the warnings go (none without it).
     """
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
@@ -248,7 +254,7 @@ def training_record(
     try:
         if not isinstance(record, dict):
             raise TypeError("not a JSON object")
-        record = up_to_weights(record, file_sha256(model_path))
+        record = up_to_weights(record, digest)
         if record is None:
             if log is not None:
                 log.warning(
@@ -307,21 +313,20 @@ def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriti
     Raises:
         UsageError: the file is missing or unreadable, or its weights do not fit (`load_weights`).
     """
-    model = build_model(env.observation_space, env.action_space, played_width(args, model_path))
+    hidden_size = args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
+    model = build_model(env.observation_space, env.action_space, hidden_size)
     load_weights(model, model_path)
     return model
 
 
-def played_width(args: EvalConfig, model_path: Path) -> int:
-    """The LSTM hidden size the games are played with: ``--hidden-size``, else the file's."""
-    return args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
-
-
-def check_playable(args: EvalConfig, model_path: Path) -> None:
+def check_playable(args: EvalConfig, model_path: Path) -> int:
     """Refuse, before anything is written, what would stop the first game.
 
     An env that cannot be made (or drawn, where the games are recorded), a file that holds no
     weights for its network.
+
+    Returns:
+        The LSTM hidden size of the network the file was loaded into (for the summary).
 
     Raises:
         UsageError: the env or the file cannot be played (`load_weights`' line).
@@ -330,12 +335,13 @@ def check_playable(args: EvalConfig, model_path: Path) -> None:
     render_mode = recorded_render_mode(args)
     env = eval_env(args, crop_settings(args.env_config, args.env), render_mode)
     try:
-        loaded_model(args, model_path, env)
+        width = loaded_model(args, model_path, env).lstm.hidden_size
         if render_mode is not None:
             env.reset(seed=0)
             env.render()
     finally:
         env.close()
+    return width
 
 
 def play_games(
@@ -566,7 +572,8 @@ def evaluate(args: EvalConfig) -> dict:
         raise UsageError(
             f"--model {args.model!r} {what}; give the path of a .dat or training-state file"
         )
-    check_playable(args, model_path)
+    digest = file_sha256(model_path)  # before the games: a training run may replace the file
+    width = check_playable(args, model_path)
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     check_writable(
         (args.log_dir, "--log-dir"),
@@ -575,8 +582,7 @@ def evaluate(args: EvalConfig) -> dict:
     )
     stem = env_file_stem(args.env)
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
-    training = training_record(args.log_dir, model_path, log)  # its warning before the games
-    played_bytes, width = file_sha256(model_path), played_width(args, model_path)
+    training = training_record(args.log_dir, model_path, digest, log)  # its warning first
     if args.demo:
         earlier = [path for path in demo_paths(Path(args.demo_dir), stem) if path.exists()]
         if earlier:  # the default demo/ holds the shipped pictures
@@ -630,6 +636,12 @@ def evaluate(args: EvalConfig) -> dict:
             "the games that ended"
             + (" (side by side, the short ones end first)" if processes > 1 else "")
         )
+    if digest is not None and file_sha256(model_path) != digest:
+        log.warning(
+            f"{model_path} was replaced during the evaluation (a training run saving it?): the "
+            "games may have played either version, so the summary names neither"
+        )
+        digest = None
     results = [by_game[game] for game in sorted(by_game)]
     rewards = [r.reward for r in results]
     lengths = [r.length for r in results]
@@ -637,7 +649,7 @@ def evaluate(args: EvalConfig) -> dict:
     summary = {
         "env": args.env,
         "model": str(model_path),
-        "model_sha256": played_bytes,
+        "model_sha256": digest,
         "hidden_size": width,
         "games": len(rewards),
         "mean": statistics.fmean(rewards),

@@ -6,7 +6,7 @@ worker then reads and updates the same statistics, without locks. The update ari
 follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` (single-tensor path) operation for
 operation, so both give the same parameters step after step. (The original's SharedAdam adds
 eps before the bias correction, as the ``torch.optim.Adam`` of its day did: a larger
-effective eps for the first few hundred steps; docs/differences.md.)
+effective eps for the first thousand or so steps; docs/differences.md.)
 
 The step count is the one statistic a lost update would corrupt for good: ``step += 1`` on
 one shared number from every worker is a read-modify-write race (two processes stepping

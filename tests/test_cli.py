@@ -288,7 +288,7 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 2 and len(summary["rewards"]) == 2
     assert summary["best"] == max(summary["rewards"])
-    assert summary["hidden_size"] == 32  # the bytes played, named whatever the file's name
+    assert summary["hidden_size"] == 32
     assert summary["model_sha256"] == file_sha256(tmp_path / "models" / f"{PONG}.dat")
     assert summary["protocol"]["repeat_action_probability"] == 0.0  # the id's own
     assert summary["training"]["protocol"]["repeat_action_probability"] == 0.25
@@ -548,6 +548,7 @@ def test_gym_eval_in_processes_plays_every_game_once_in_order(tmp_path):
     ) == [f"{game}/5" for game in range(1, 6)]
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 5 and summary["processes"] == 2
+    assert summary["hidden_size"] == 32  # the file's, without the flag
     assert summary["endings"] == ["time limit"] * 5  # 30 steps, the 1-30 no-ops among them
     # Process 0 plays games 1, 3, 5 as a serial run with --seed does; process 1 games 2 and 4
     # as a serial run with its own seed (the no-op starts tell the games apart).
@@ -680,7 +681,9 @@ def test_ctrl_c_or_sigterm_ends_an_evaluation_with_the_games_that_ended_saved(
         assert wait_group_gone(run.pid, 20) == []
 
 
-def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replaces(tmp_path):
+def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replaces(
+    tmp_path, monkeypatch
+):
     from gym_eval import evaluate
 
     _tiny_pong_dat(tmp_path / "models")
@@ -700,7 +703,15 @@ def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replace
     assert f"held the evaluation of {first['model']}; it now holds this one's" in log
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["model"] == str(other)
+    # The same bytes under another name: the summary says which weights they are.
+    assert summary["model_sha256"] == first["model_sha256"] == file_sha256(other)
     assert not [p for p in (tmp_path / "logs").iterdir() if p.name.startswith(".")]  # no temp
+    # A file replaced during the games (a training run saving it) is named by no digest.
+    digests = iter(["a" * 64, "b" * 64])
+    monkeypatch.setattr("gym_eval.file_sha256", lambda path: next(digests))
+    assert evaluate(parse_eval_args(flags))["model_sha256"] is None
+    log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
+    assert "was replaced during the evaluation (a training run saving it?)" in log
 
 
 @pytest.mark.parametrize(

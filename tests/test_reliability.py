@@ -191,7 +191,7 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
         "previous_runs": [first],
     }
     (tmp_path / "Game_run.json").write_text(json.dumps(record))
-    training = training_record(str(tmp_path), Path("elsewhere/Game.dat"))
+    training = training_record(str(tmp_path), Path("elsewhere/Game.dat"), None)
     assert training is not None
     assert (training["frames"], training["seconds"], training["sittings"]) == (300, 150.0, 2)
     assert training["command"] == "python main.py --first" and training["restarts"] == 0
@@ -203,21 +203,21 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
         "previous_runs": [first, {k: v for k, v in record.items() if k != "previous_runs"}],
     }
     (tmp_path / "Game_run.json").write_text(json.dumps(going))
-    training = training_record(str(tmp_path), Path("Game.dat"))
+    training = training_record(str(tmp_path), Path("Game.dat"), None)
     assert training is not None and (training["frames"], training["sittings"]) == (300, 2)
     assert len(training["commands"]) == 2
     (tmp_path / "Game_run.json").write_text(json.dumps(record))
-    assert training_record(str(tmp_path), Path("Other.dat")) is None
+    assert training_record(str(tmp_path), Path("Other.dat"), None) is None
     # A --save-max run's shutdown save, <env>_last.dat, is its run's too.
-    last = training_record(str(tmp_path), Path("Game_last.dat"))
+    last = training_record(str(tmp_path), Path("Game_last.dat"), None)
     assert last is not None and last["frames"] == 300
     assert last["record"] == str(tmp_path / "Game_run.json")
     (tmp_path / "Game_last_run.json").write_text(json.dumps(first))  # its own record first
-    assert training_record(str(tmp_path), Path("Game_last.dat"))["frames"] == 100
+    assert training_record(str(tmp_path), Path("Game_last.dat"), None)["frames"] == 100
     (tmp_path / "List_run.json").write_text("[1, 2]")
-    assert training_record(str(tmp_path), Path("List.dat")) is None
+    assert training_record(str(tmp_path), Path("List.dat"), None) is None
     (tmp_path / "Binary_run.json").write_bytes(b"PK\x03\x04\x80\xff")  # not even text
-    assert training_record(str(tmp_path), Path("Binary.dat")) is None
+    assert training_record(str(tmp_path), Path("Binary.dat"), None) is None
     # A record of the wrong shape is left out with a warning: it never stops an evaluation.
     log = logging.getLogger("test.training_record")
     wrong_shapes = (
@@ -227,7 +227,7 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
     for bad in wrong_shapes:
         (tmp_path / "Bad_run.json").write_text(json.dumps(bad))
         with caplog.at_level("WARNING", logger=log.name):
-            assert training_record(str(tmp_path), Path("Bad.dat"), log) is None
+            assert training_record(str(tmp_path), Path("Bad.dat"), None, log) is None
         assert "is not a run record this version reads" in caplog.text
         caplog.clear()
 
@@ -258,7 +258,7 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
 
     def credited(name: str, record: dict, log=None) -> dict | None:
         (logs / f"{Path(name).stem}_run.json").write_text(json.dumps(record))
-        return training_record(str(logs), files[name], log)
+        return training_record(str(logs), files[name], digest[name], log)
 
     assert credited("late.dat", record)["frames"] == 300  # the whole run's
     early = credited("early.dat", record)  # the sitting that wrote it, not a later one
@@ -315,7 +315,7 @@ def test_a_save_max_run_records_how_far_it_was_when_its_kept_weights_were_taken(
     assert record["finished"]["weights_sha256"][dat.name] == file_sha256(dat)
     from gym_eval import training_record
 
-    assert training_record(str(tmp_path / "logs"), dat)["frames"] == 40
+    assert training_record(str(tmp_path / "logs"), dat, file_sha256(dat))["frames"] == 40
     # Resumed without --save-max, every game and the shutdown write <env>.dat: no cut point.
     plain = [
         *PONG_SMALL,
