@@ -335,7 +335,7 @@ def check_playable(args: EvalConfig, model_path: Path) -> int:
     render_mode = recorded_render_mode(args)
     env = eval_env(args, crop_settings(args.env_config, args.env), render_mode)
     try:
-        width = loaded_model(args, model_path, env).lstm.hidden_size
+        width = loaded_model(args, model_path, env).hidden_size
         if render_mode is not None:
             env.reset(seed=0)
             env.render()
