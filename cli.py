@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from checkpoint import RunPaths, loaded_hidden_size
 from environment import (
     DEFAULT_CONFIG,
+    FrameSkip,
     check_episode_cap,
     check_flags_apply,
     check_skip_rate_applies,
@@ -86,7 +87,19 @@ class CommonConfig:
         help="agent steps before an episode (a game, in gym_eval) is cut; the steps of its "
         "reset (no-ops, FIRE) count, as in the original",
     )
-    skip_rate: int = flag(DEFAULT_SKIP_RATE, "-sk", help="frame skip (NoFrameskip ids)")
+    skip_rate: int = flag(
+        DEFAULT_SKIP_RATE,
+        "-sk",
+        help="frame skip (NoFrameskip ids): raw frames each agent step repeats its action for, "
+        "the observation the max over the last of them",
+    )
+    skip_rate_min: int | None = flag(
+        None,
+        item=int,
+        help="random frame skip (NoFrameskip ids): each agent step repeats its action for a "
+        "number of raw frames drawn uniformly from --skip-rate-min..--skip-rate, as the "
+        "original's -v0 ids do (2 with --skip-rate 4); default: always --skip-rate",
+    )
     hidden_size: int | None = flag(
         None,
         "-hs",
@@ -116,6 +129,12 @@ class CommonConfig:
         "instead of the agent's; 0.25 is the standard protocol (Machado et al. 2018, ALE v5, the "
         "original's -v0 ids); default: the id's own (0 for NoFrameskip-v4, 0.25 for ALE/*-v5)",
     )
+
+    @property
+    def frame_skip(self) -> FrameSkip:
+        """The skip the env plays: ``--skip-rate``, or ``(--skip-rate-min, --skip-rate)``."""
+        low = self.skip_rate_min
+        return self.skip_rate if low is None or low == self.skip_rate else (low, self.skip_rate)
 
 
 @dataclass(frozen=True)
@@ -483,6 +502,7 @@ def _validate_common(config: CommonConfig) -> None:
     for flag_name, value in (
         ("--max-episode-length", config.max_episode_length),
         ("--skip-rate", config.skip_rate),
+        ("--skip-rate-min", config.skip_rate_min),
         ("--hidden-size", config.hidden_size),
     ):
         if value is not None:  # --hidden-size: None until given (the file's width)
@@ -490,10 +510,18 @@ def _validate_common(config: CommonConfig) -> None:
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
+    if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
+        raise UsageError(
+            f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
+            f"{config.skip_rate}; give a minimum of {config.skip_rate} or less (e.g. 2 with "
+            "--skip-rate 4, the -v0 ids' 2-4 frames)"
+        )
+    if config.skip_rate_min is not None:
+        check_skip_rate_applies(config.env, "--skip-rate-min", config.skip_rate_min)
     if config.skip_rate != DEFAULT_SKIP_RATE:
-        check_skip_rate_applies(config.env, config.skip_rate)
+        check_skip_rate_applies(config.env, "--skip-rate", config.skip_rate)
     check_flags_apply(config.env, config.repeat_action_probability, config.vector_obs_norm)
-    check_episode_cap(config.env, config.max_episode_length, config.skip_rate)
+    check_episode_cap(config.env, config.max_episode_length, config.frame_skip)
     if config.stall_steps < 0:
         raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
 

@@ -666,7 +666,7 @@ class NodeLauncher:
         self.index = index
         self.ray = ray
         env = make_env(
-            config.env, env_conf, config.max_episode_length, config.skip_rate,
+            config.env, env_conf, config.max_episode_length, config.frame_skip,
             config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
         )  # fmt: skip
         model = build_model(env.observation_space, env.action_space, config.hidden_size)

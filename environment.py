@@ -30,6 +30,22 @@ FRAME_SIZE = 80
 
 StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
 
+FrameSkip = int | tuple[int, int]
+"""Raw frames per agent step on NoFrameskip ids: a fixed count (``--skip-rate``), or
+``(low, high)``, a count drawn uniformly from low..high (both included) at every step, as the
+original's ``-v0`` ids do (``--skip-rate-min 2 --skip-rate 4``)."""
+
+
+def skip_bounds(skip: FrameSkip) -> tuple[int, int]:
+    """The fewest and the most raw frames one agent step takes under `skip`."""
+    return (skip, skip) if isinstance(skip, int) else skip
+
+
+def skip_text(skip: FrameSkip) -> str:
+    """`skip` as its flags give it: ``4``, or ``2-4`` for a random skip."""
+    low, high = skip_bounds(skip)
+    return str(high) if low == high else f"{low}-{high}"
+
 
 # ----------------------------------------------------------------------------------------------
 # config.json: per-game crop settings
@@ -209,7 +225,7 @@ def check_sticky_probability(value: float | None) -> None:
 
 def protocol(
     env_id: str,
-    skip_rate: int,
+    skip_rate: FrameSkip,
     max_episode_length: int,
     repeat_action_probability: float | None = None,
     stall_steps: int = 0,
@@ -223,7 +239,8 @@ def protocol(
     Returns:
         ``env``; ``repeat_action_probability`` (sticky actions); ``frame_skip`` (raw frames per
         agent step: ours with ``--skip-rate`` on NoFrameskip ids, ALE's otherwise, a
-        ``[low, high]`` range for the old random-skip ids); ``max_pool_frames`` (whether the
+        ``[low, high]`` range for a random skip, ours with ``--skip-rate-min`` or the old
+        ``-v0`` ids'); ``max_pool_frames`` (whether the
         observation is the max over the last frames of the window); ``noop_starts`` (most
         random no-ops after a reset, 0 = none); ``episode_cap_steps`` (agent steps before a game
         is cut). Outside Atari: ``env`` and ``episode_cap_steps`` only. With ``--stall-steps``,
@@ -237,9 +254,13 @@ def protocol(
         return {"env": env_id, "episode_cap_steps": cap, **stall}
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
-    skip: int | list[int] = skip_rate if we_skip else ale_skip
-    if isinstance(skip, tuple):
-        skip = [skip[0], skip[1] - 1]  # ALE draws from [low, high)
+    if we_skip:
+        low, high = skip_bounds(skip_rate)
+    elif isinstance(ale_skip, tuple):
+        low, high = ale_skip[0], ale_skip[1] - 1  # ALE draws from [low, high)
+    else:
+        low = high = ale_skip
+    skip: int | list[int] = high if low == high else [low, high]
     return {
         "env": env_id,
         "repeat_action_probability": sticky_probability(env_id, repeat_action_probability),
@@ -262,6 +283,8 @@ def short_episode_warning(played: dict[str, Any]) -> str | None:
     if not noops:
         return None
     cap, skip = played["episode_cap_steps"], played["frame_skip"]
+    if isinstance(skip, list):  # a random skip: its cap counts the most frames a step takes
+        skip = skip[1]
     reset_frames = noops + 2 * skip  # the most no-ops, then FIRE and the step after it
     if cap * skip > reset_frames:
         return None
@@ -272,8 +295,13 @@ def short_episode_warning(played: dict[str, Any]) -> str | None:
     )
 
 
-def check_skip_rate_applies(env_id: str, skip_rate: int) -> None:
-    """Refuse a ``--skip-rate`` that `env_id` would ignore (only NoFrameskip ids use it).
+def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
+    """Refuse a skip flag that `env_id` would ignore (only NoFrameskip ids use it).
+
+    Args:
+        env_id: the game.
+        flag: ``--skip-rate`` or ``--skip-rate-min``, as the message names it.
+        value: the flag's value.
 
     Raises:
         UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
@@ -287,17 +315,18 @@ def check_skip_rate_applies(env_id: str, skip_rate: int) -> None:
         else "is not an ALE game"
     )
     raise UsageError(
-        f"--skip-rate {skip_rate} applies to NoFrameskip ids only and {env_id} {why}; drop "
-        "--skip-rate, or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
+        f"{flag} {value} applies to NoFrameskip ids only and {env_id} {why}; drop {flag}, "
+        "or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
     )
 
 
-def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: int) -> int:
+def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -> int:
     """The most raw frames an episode of `env_id` can take; refused past what ALE counts.
 
     ALE takes the cap in raw frames as a 32-bit int: ``--max-episode-length`` times the most
-    frames one agent step takes (``--skip-rate`` on NoFrameskip ids, the id's own skip
-    otherwise, the top of the range for the old random-skip ids). 0 outside Atari.
+    frames one agent step takes (``--skip-rate`` on NoFrameskip ids, the top of a random
+    skip's range included; the id's own skip otherwise, the top of the range for the old
+    random-skip ids). 0 outside Atari.
 
     Raises:
         UsageError: the cap is past `MAX_EPISODE_FRAMES`, naming the largest that fits.
@@ -307,7 +336,7 @@ def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: int) -> i
         return 0
     ale_skip = spec.kwargs.get("frameskip", 1)
     if ale_skip == 1:
-        step_frames = skip_rate
+        step_frames = skip_bounds(skip_rate)[1]
     else:  # the old ids skip a random [low, high) frames
         step_frames = ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1
     frames = max_episode_length * step_frames
@@ -320,18 +349,20 @@ def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: int) -> i
     return frames
 
 
-def frames_per_step(env_id: str, skip_rate: int) -> int:
-    """Raw emulator frames behind one agent step (1 outside Atari).
+def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
+    """Raw emulator frames behind one agent step, on average (1 outside Atari).
 
-    ``*NoFrameskip*`` ids: ``--skip-rate``; ids where ALE skips itself: ALE's frameskip (3, the
-    mean, for the old ids that skip a random 2-4 frames).
+    ``*NoFrameskip*`` ids: ``--skip-rate``, or the middle of a random skip's range (3 for
+    2-4); ids where ALE skips itself: ALE's frameskip (3, the mean, for the old ids that skip
+    a random 2-4 frames). Frame counts of random-skip runs are steps times this mean.
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
         return 1
     ale_skip = spec.kwargs.get("frameskip", 1)
     if ale_skip == 1:
-        return skip_rate
+        low, high = skip_bounds(skip_rate)
+        return high if low == high else (low + high) / 2
     return ale_skip if isinstance(ale_skip, int) else 3
 
 
@@ -369,14 +400,17 @@ class MaxAndSkipEnv(gym.Wrapper):
     """Repeat each action `skip` times, sum the rewards, max-pool the last frames.
 
     Atari sprites flicker (some are drawn every other frame); the element-wise max of the
-    last (up to) 3 raw frames of the window shows everything on screen.
+    last (up to) 3 raw frames of the window shows everything on screen. A random skip
+    ``(low, high)`` draws each step's count from low..high with the game's own generator
+    (seeded by ``reset(seed=...)``), as ALE does for the original's ``-v0`` ids.
     """
 
-    def __init__(self, env: gym.Env, skip: int = 4):
+    def __init__(self, env: gym.Env, skip: FrameSkip = 4):
         super().__init__(env)
-        if skip < 1:
-            raise ValueError(f"expected skip >= 1, got {skip}")
-        self.skip = skip
+        low, high = skip_bounds(skip)
+        if not 1 <= low <= high:
+            raise ValueError(f"expected 1 <= skip, low <= high, got {skip}")
+        self.skip_low, self.skip = low, high
         self._frames: deque[np.ndarray] = deque(maxlen=3)
 
     def step(self, action: Any) -> StepResult:
@@ -385,7 +419,10 @@ class MaxAndSkipEnv(gym.Wrapper):
         total_reward = 0.0
         terminated = truncated = False
         info: dict[str, Any] = {}
-        for _ in range(self.skip):
+        frames = self.skip
+        if self.skip_low != self.skip:
+            frames = int(self.unwrapped.np_random.integers(self.skip_low, self.skip + 1))
+        for _ in range(frames):
             obs, reward, terminated, truncated, info = self.env.step(action)
             self._frames.append(obs)
             total_reward += float(reward)
@@ -547,23 +584,24 @@ def atari_env(
     env_id: str,
     env_conf: dict[str, int],
     max_episode_length: int = 10000,
-    skip_rate: int = 4,
+    skip_rate: FrameSkip = 4,
     render_mode: str | None = None,
     repeat_action_probability: float | None = None,
 ) -> gym.Env:
     """Build an ALE game with the original A3G wrapper stack.
 
     For ``*NoFrameskip*`` ids (ALE frameskip 1): time limit of
-    ``max_episode_length * skip_rate`` raw frames, no-op reset, max-and-skip, episodic life,
-    fire reset (games with FIRE), rescale, normalise. For ids where ALE skips frames itself
-    (``ALE/*-v5``) the first three are replaced by a time limit of ``max_episode_length``
-    agent steps, so frames are never skipped twice.
+    ``max_episode_length * skip_rate`` raw frames (the top of a random skip's range), no-op
+    reset, max-and-skip, episodic life, fire reset (games with FIRE), rescale, normalise. For
+    ids where ALE skips frames itself (``ALE/*-v5``) the first three are replaced by a time
+    limit of ``max_episode_length`` agent steps, so frames are never skipped twice.
 
     Args:
         env_id: a registered ALE id such as ``PongNoFrameskip-v4`` or ``ALE/Pong-v5``.
         env_conf: the game's `config.json` entry (see `env_config`).
         max_episode_length: agent steps before an episode is cut.
-        skip_rate: raw frames per agent step on ``NoFrameskip`` ids.
+        skip_rate: raw frames per agent step on ``NoFrameskip`` ids, or ``(low, high)`` for
+            a count drawn from low..high at each step (`FrameSkip`).
         render_mode: passed to ``gymnasium.make`` (``"rgb_array"`` to record, ``"human"``).
         repeat_action_probability: sticky actions, passed to ALE: the chance that each raw
             frame repeats the previous action instead of the agent's. None keeps the id's own
@@ -585,7 +623,10 @@ def atari_env(
             "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
         )
     require_at_least("--max-episode-length", max_episode_length)
-    require_at_least("--skip-rate", skip_rate)
+    low, high = skip_bounds(skip_rate)
+    require_at_least("--skip-rate", high)
+    if not 1 <= low <= high:
+        raise UsageError(f"--skip-rate-min must be in 1..--skip-rate ({high}), got {low}")
     check_sticky_probability(repeat_action_probability)
 
     ale_skip = spec.kwargs.get("frameskip", 1)
@@ -600,7 +641,7 @@ def atari_env(
     env = gym.make(env_id, **make_kwargs)
 
     if we_skip:
-        env = gym.wrappers.TimeLimit(env, max_episode_length * skip_rate)
+        env = gym.wrappers.TimeLimit(env, max_episode_length * high)
         env = NoopResetEnv(env, NOOP_MAX)
         env = MaxAndSkipEnv(env, skip_rate)
     else:
@@ -670,7 +711,7 @@ def make_env(
     env_id: str,
     env_conf: dict[str, int],
     max_episode_length: int = 10000,
-    skip_rate: int = 4,
+    skip_rate: FrameSkip = 4,
     vector_obs_norm: bool = False,
     render_mode: str | None = None,
     repeat_action_probability: float | None = None,
@@ -681,7 +722,7 @@ def make_env(
         env_id: any registered id.
         env_conf: the game's `config.json` entry (`env_config`; unused outside Atari).
         max_episode_length: agent steps before an episode is cut.
-        skip_rate: raw frames per agent step on ``NoFrameskip`` ids.
+        skip_rate: raw frames per agent step on ``NoFrameskip`` ids (`FrameSkip`).
         vector_obs_norm: standardise vector observations (not Atari frames, which are
             always normalised).
         render_mode: passed to ``gymnasium.make``.

@@ -42,6 +42,7 @@ from checkpoint import (
 )
 from cli import EvalConfig, parse_eval_args
 from environment import (
+    FrameSkip,
     crop_settings,
     frames_per_step,
     is_atari,
@@ -159,7 +160,7 @@ class DemoFrames:
         return self.steps_per_second / self.stride
 
 
-def real_time_fps(env_id: str, skip_rate: int, env: gym.Env) -> float:
+def real_time_fps(env_id: str, skip_rate: FrameSkip, env: gym.Env) -> float:
     """Agent steps per second of the game's own time.
 
     A recording of one frame a step at this rate plays at the game's speed (Atari: 60 emulator
@@ -294,7 +295,7 @@ def training_record(
 def eval_env(args: EvalConfig, env_conf: dict[str, int], render_mode: str | None) -> gym.Env:
     """The env the evaluation plays (`render_mode`: ``rgb_array`` to record, ``human`` to show)."""
     return make_env(
-        args.env, env_conf, args.max_episode_length, args.skip_rate, args.vector_obs_norm,
+        args.env, env_conf, args.max_episode_length, args.frame_skip, args.vector_obs_norm,
         render_mode=render_mode, repeat_action_probability=args.repeat_action_probability,
     )  # fmt: skip
 
@@ -382,7 +383,7 @@ def play_games(
     if model.channels_last_suits(device):
         model.use_channels_last()
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
-    fps = real_time_fps(args.env, args.skip_rate, env)  # recordings play at the game's speed
+    fps = real_time_fps(args.env, args.frame_skip, env)  # recordings play at the game's speed
     player = GreedyPlayer(model, env, device)
     # Each env is seeded at its first game (with --render the window's and the other one
     # play turns): the first game played with `first_seed`, the other env's with one drawn
@@ -591,7 +592,7 @@ def evaluate(args: EvalConfig) -> dict:
                 "keeps them"
             )
     played = protocol(
-        args.env, args.skip_rate, args.max_episode_length, args.repeat_action_probability,
+        args.env, args.frame_skip, args.max_episode_length, args.repeat_action_probability,
         args.stall_steps,
     )  # fmt: skip
     sticky = played.get("repeat_action_probability")
@@ -603,9 +604,13 @@ def evaluate(args: EvalConfig) -> dict:
             f"--processes {args.processes} is more than this machine's {os.cpu_count()} cores: "
             "the games share them and the evaluation is no faster"
         )
+    skip = played.get("frame_skip")
+    conditions = [f"sticky actions {sticky:g}"] if sticky is not None else []
+    if isinstance(skip, list):  # a random skip, ours or the -v0 ids'
+        conditions.append(f"frame skip {skip[0]}-{skip[1]}")
     log.info(
         f"evaluating {model_path} on {args.env} for {args.num_episodes} games"
-        + (f" (sticky actions {sticky:g})" if sticky is not None else "")
+        + (f" ({', '.join(conditions)})" if conditions else "")
         + (f" in {processes} processes" if processes > 1 else "")
     )
     by_game: dict[int, GameResult] = {}

@@ -45,6 +45,7 @@ from environment import (
     make_env,
     protocol,
     short_episode_warning,
+    skip_text,
 )
 from model import build_model
 from monitor import RunMonitor
@@ -109,12 +110,14 @@ def resume_from(
             f"training state {where!r} is for --env {saved.get('env')}, not {config.env}; pass "
             "the same --env, or another --load-model-dir"
         )
-    saved_skip = saved.get("skip_rate", config.skip_rate)
-    if frames_per_step(config.env, saved_skip) != frames_per_step(config.env, config.skip_rate):
+    saved_high = saved.get("skip_rate", config.skip_rate)
+    saved_low = saved.get("skip_rate_min") or saved_high
+    saved_skip = saved_high if saved_low == saved_high else (saved_low, saved_high)
+    if frames_per_step(config.env, saved_skip) != frames_per_step(config.env, config.frame_skip):
         raise UsageError(
-            f"training state {where!r} was saved with --skip-rate {saved_skip}, this run has "
-            f"{config.skip_rate}: resume with the same --skip-rate (its frames count on from "
-            "the saved steps)"
+            f"training state {where!r} was saved with a frame skip of {skip_text(saved_skip)}, "
+            f"this run has {skip_text(config.frame_skip)}: resume with the same --skip-rate and "
+            "--skip-rate-min (its frames count on from the saved steps)"
         )
     if config.max_steps and state.steps >= config.max_steps:
         raise UsageError(
@@ -274,8 +277,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         )
     env_conf = crop_settings(config.env_config, config.env)  # read once, here
     env = make_env(
-        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
-        repeat_action_probability=config.repeat_action_probability,
+        config.env, env_conf, config.max_episode_length, config.frame_skip,
+        config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
     )  # fmt: skip
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
@@ -304,7 +307,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     check_writable(*run_folders)
     for folder, flag in run_folders:  # those it made
         hold_run_lock(folder, config.env, flag)
-    short = short_episode_warning(protocol(config.env, config.skip_rate, config.max_episode_length))
+    played = protocol(config.env, config.frame_skip, config.max_episode_length)
+    short = short_episode_warning(played)
     if short is not None:
         log.warning(short)
     # Resumed from this folder's training state: its <env>_last.dat is the run's own.
@@ -517,7 +521,7 @@ class Launcher:
             config,
             shared_model,
             observation_shape,
-            frames_per_step(config.env, config.skip_rate),
+            frames_per_step(config.env, config.frame_skip),
             self.ctx,
             self.log,
             paths,

@@ -188,7 +188,7 @@ class RunMonitor:
         config: TrainConfig,
         model: nn.Module,
         observation_shape: tuple[int, ...],
-        frames_per_step: int,
+        frames_per_step: float,
         ctx: ProcessContext,
         log: logging.Logger,
         paths: RunPaths,
@@ -200,7 +200,7 @@ class RunMonitor:
             config: the run's configuration (all of it goes in the run record).
             model: the shared model (its graph and weight histograms go to TensorBoard).
             observation_shape: one observation's shape, for the model graph.
-            frames_per_step: raw frames per agent step.
+            frames_per_step: raw frames per agent step (a random skip's mean).
             ctx: the counters and report queue shared with the children.
             log: where status lines go.
             paths: the run's files (the run record).
@@ -264,7 +264,7 @@ class RunMonitor:
             "hardware": hardware(self.config.gpu_ids),
             "protocol": protocol(
                 self.config.env,
-                self.config.skip_rate,
+                self.config.frame_skip,
                 self.config.max_episode_length,
                 self.config.repeat_action_probability,
             ),
@@ -432,7 +432,7 @@ class RunMonitor:
     @property
     def frames(self) -> int:
         """Raw frames played by all workers so far."""
-        return self.ctx.total_steps() * self.frames_per_step
+        return int(self.ctx.total_steps() * self.frames_per_step)
 
     def take(self, kind: str, payload: dict[str, Any]) -> None:
         """One report from a child: ``"test"`` (a test game) or ``"train"`` (a worker's numbers)."""
@@ -466,7 +466,7 @@ class RunMonitor:
                 }  # fmt: skip
                 self.dat_trained = {
                     "steps": int(taken["steps"]),
-                    "frames": int(taken["steps"]) * self.frames_per_step,
+                    "frames": int(int(taken["steps"]) * self.frames_per_step),
                     "seconds": round(float(taken["seconds"]), 1),
                 }
         frames = int(game["frames"])
@@ -522,7 +522,7 @@ class RunMonitor:
             self.log.info(self.status_line(now, steps, final))
 
     def _write_training(self, writer: Any, steps: int) -> None:
-        frames = steps * self.frames_per_step
+        frames = int(steps * self.frames_per_step)
         writer.add_scalar("train/fps", self.fps, frames)
         lr = scheduled_lr(self.config.lr, self.config.lr_schedule, steps, self.config.max_steps)
         writer.add_scalar("train/lr", lr, frames)
@@ -555,7 +555,7 @@ class RunMonitor:
         # Many workers on few cores take minutes to build their envs and networks.
         starting = " | the workers are starting" if steps == self.first_steps and not final else ""
         return (
-            f"status {clock} | steps {steps:,} | frames {steps * self.frames_per_step:,} | "
+            f"status {clock} | steps {steps:,} | frames {int(steps * self.frames_per_step):,} | "
             f"{self.fps:,.0f} frames/s | {test}{skipped_text}{starting}"
         )
 

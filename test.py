@@ -67,8 +67,8 @@ def run_test(
 
     torch.manual_seed(config.seed)
     env = make_env(
-        config.env, env_conf, config.max_episode_length, config.skip_rate, config.vector_obs_norm,
-        repeat_action_probability=config.repeat_action_probability,
+        config.env, env_conf, config.max_episode_length, config.frame_skip,
+        config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
     )  # fmt: skip
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     if config.fast_path and model.channels_last_suits(device):  # greedy play is fp32
@@ -79,7 +79,7 @@ def run_test(
     player = GreedyPlayer(model, env, device)
     load_normalizer_state(env, normalizer)
 
-    frames_per = frames_per_step(config.env, config.skip_rate)
+    frames_per = frames_per_step(config.env, config.frame_skip)
     games = len(rewards)
     reward_total = float(sum(rewards))
     bar = -math.inf if dat_score is None else dat_score  # what --save-max must match
@@ -95,7 +95,7 @@ def run_test(
         reward_total += game.reward
         steps = ctx.total_steps()
         elapsed = time.time() - ctx.start_time
-        frames = steps * frames_per
+        frames = int(steps * frames_per)
         log.info(
             f"Time {format_elapsed(elapsed)}, episode reward {game.reward}, "
             f"episode length {game.length}, reward mean {reward_total / games:.4f}, "

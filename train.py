@@ -476,7 +476,7 @@ def run_worker(
         envs = []
         for env_seed in seeds:
             env = make_env(
-                config.env, env_conf, config.max_episode_length, config.skip_rate,
+                config.env, env_conf, config.max_episode_length, config.frame_skip,
                 config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
             )  # fmt: skip
             cleanup.callback(env.close)

@@ -104,7 +104,7 @@ def env_alone(env_id: str, steps: int = 2000) -> float:
     """Milliseconds per agent step of the env with its wrappers, random actions."""
     config = parse_train_args(["--env", env_id, "--env-config", str(ROOT / "config.json")])
     env_conf = crop_settings(config.env_config, config.env)
-    env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
+    env = make_env(config.env, env_conf, config.max_episode_length, config.frame_skip)
     env.reset(seed=0)
     env.action_space.seed(0)
     start = time.perf_counter()
@@ -136,7 +136,7 @@ def profile(
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
     config = parse_train_args([*flags, *mode_flags(mode), "--gpu-ids", *map(str, gpu_ids)])
     env_conf = crop_settings(config.env_config, config.env)
-    env = make_env(config.env, env_conf, config.max_episode_length, config.skip_rate)
+    env = make_env(config.env, env_conf, config.max_episode_length, config.frame_skip)
     shared = build_model(env.observation_space, env.action_space, config.hidden_size)
     env.close()
     shared.share_memory()

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(
                 f"--processes {args.processes}: pong_observation.py plays in one process; drop it"
             )
-        if not protocol(args.env, args.skip_rate, args.max_episode_length).get("max_pool_frames"):
+        if not protocol(args.env, args.frame_skip, args.max_episode_length).get("max_pool_frames"):
             raise UsageError(
                 f"{args.env} has no max over a skip window to take away; give a NoFrameskip "
                 "Atari id (e.g. PongNoFrameskip-v4)"

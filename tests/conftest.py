@@ -59,7 +59,7 @@ def env_kwargs(args: TrainConfig | EvalConfig) -> dict:
     """What `make_env` takes from a configuration, besides the id and the crop entry."""
     return {
         "max_episode_length": args.max_episode_length,
-        "skip_rate": args.skip_rate,
+        "skip_rate": args.frame_skip,
         "vector_obs_norm": args.vector_obs_norm,
         "repeat_action_probability": args.repeat_action_probability,
     }

@@ -85,6 +85,16 @@ from visualize import parse_log
             "(frameskip 4); drop --skip-rate",
         ),
         (["--env", "CartPole-v1", "-sk", "3"], "CartPole-v1 is not an ALE game; drop --skip-rate"),
+        (["--skip-rate-min", "0"], "--skip-rate-min must be at least 1, got 0"),
+        (
+            ["--skip-rate-min", "5"],
+            "--skip-rate-min 5 is more than --skip-rate 4; give a minimum of 4 or less",
+        ),
+        (
+            ["--env", "ALE/Pong-v5", "--skip-rate-min", "2"],
+            "--skip-rate-min 2 applies to NoFrameskip ids only and ALE/Pong-v5 skips frames "
+            "itself (frameskip 4); drop --skip-rate-min",
+        ),
         (["--gpu-ids", "0"], "CUDA is not available"),
         (["--gpu-ids", "-2"], "--gpu-ids -2: GPU ids are 0 and up, and -1 (alone) means the CPU"),
         (["--vector-obs-norm"], "--vector-obs-norm applies to vector observations only, and Pong"),
@@ -202,6 +212,9 @@ def test_shared_flags_are_declared_once_and_taken_by_both_scripts():
     for parse in (parse_train_args, parse_eval_args):
         assert parse(["-lg", "a/"]).log_dir == "a/" and parse(["-lgd", "b/"]).log_dir == "b/"
         assert parse(["-sk", "3", "-hs", "64"]).skip_rate == 3
+        assert parse(["-sk", "3"]).frame_skip == 3
+        assert parse(["--skip-rate-min", "2"]).frame_skip == (2, 4)  # the -v0 ids' 2..4
+        assert parse(["--skip-rate-min", "4"]).frame_skip == 4  # a range of one
         assert parse(["--env", "CartPole-v1", "--vector-obs-norm"]).vector_obs_norm is True
 
 
@@ -249,7 +262,8 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     precision = ["--precision", "bf16"] if BF16_CPU else []
     flags = [
         *PONG_FLAGS, "--workers", "2", "--envs-per-worker", "3", *precision,
-        "--test-interval", "0", "--repeat-action-probability", "0.25", *folders(tmp_path),
+        "--test-interval", "0", "--repeat-action-probability", "0.25", "--skip-rate-min", "2",
+        *folders(tmp_path),
     ]  # fmt: skip
     result = run_cli("main.py", *flags, "--max-steps", "2000", "--tensorboard-logger")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -259,6 +273,8 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     assert record["protocol"]["repeat_action_probability"] == 0.25
     assert record["config"]["repeat_action_probability"] == 0.25
     assert record["config"]["envs_per_worker"] == 3
+    assert record["protocol"]["frame_skip"] == [2, 4] and record["config"]["skip_rate_min"] == 2
+    assert record["finished"]["frames"] == record["finished"]["steps"] * 3  # the range's mean
 
     log = (tmp_path / "logs" / f"{PONG}_log").read_text()
     assert "workers: 2" in log and "max_steps: 2000" in log  # every argument logged
@@ -332,8 +348,14 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
     # The resumed part counted on from the first: the run's frames are its own figure.
     totals = run_totals(record)
     assert totals["frames"] == record["finished"]["frames"] and totals["sittings"] == 2
-    # A file for another hidden size is refused.
-    code, stderr = main_here(["--env", PONG, "--hidden-size", "64", *load], monkeypatch, capsys)
+    # A state saved with another frame skip is refused (its frames count on from its steps) ...
+    code, stderr = main_here(["--env", PONG, *load], monkeypatch, capsys)
+    assert code == 2 and "saved with a frame skip of 2-4, this run has 4: resume" in stderr
+    # ... and so is one for another hidden size.
+    skip = ["--skip-rate-min", "2"]
+    code, stderr = main_here(
+        ["--env", PONG, "--hidden-size", "64", *skip, *load], monkeypatch, capsys
+    )
     assert code == 2 and "saved with --hidden-size 32; this run uses 64" in stderr
 
 
@@ -437,6 +459,19 @@ def test_gym_eval_plays_any_model_file_with_sticky_actions_in_ale(tmp_path):
     assert v5["model"] == str(model) and v5["rewards"] == [-21.0]
     assert v5["protocol"]["repeat_action_probability"] == 1.0
     assert v5["protocol"]["max_pool_frames"] is False
+    # A random frame skip, 2-4 raw frames a step as the -v0 ids draw them, on the max-pooled
+    # NoFrameskip stack: named at the start and in the summary's protocol.
+    result = script_here(
+        "gym_eval.py", "--env", PONG, "--model", str(model), "--num-episodes", "1",
+        "--repeat-action-probability", "1", "--skip-rate-min", "2",
+        "--log-dir", str(tmp_path / "random_skip"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "for 1 games (sticky actions 1, frame skip 2-4)" in result.stderr
+    summary = json.loads((tmp_path / "random_skip" / f"{PONG}_eval.json").read_text())
+    assert summary["rewards"] == [-21.0]
+    assert summary["protocol"]["frame_skip"] == [2, 4]
+    assert summary["protocol"]["max_pool_frames"] is True
     for bad in ("-0.1", "1.5"):
         refused = script_here(
             "gym_eval.py", "--model", str(model), "--repeat-action-probability", bad

@@ -16,9 +16,11 @@ from environment import (
     NoopResetEnv,
     NormalizedEnv,
     atari_env,
+    check_episode_cap,
     crop_settings,
     env_config,
     find_normalizer,
+    frames_per_step,
     make_env,
     process_frame,
     protocol,
@@ -166,6 +168,50 @@ def test_max_and_skip_returns_max_of_last_three_frames_and_sums_rewards():
         assert reward == sum(rec.rewards[-4:])
         differs_from_last += not np.array_equal(obs, window[-1])
     assert differs_from_last > 0  # the max really combines frames
+
+
+def test_random_skip_draws_each_steps_frames_from_the_range_reproducibly():
+    def windows(seed: int) -> list[int]:
+        rec = Recorder(gym.make("PongNoFrameskip-v4"))
+        env = MaxAndSkipEnv(rec, skip=(2, 4))
+        env.reset(seed=seed)
+        counts = []
+        for step in range(150):
+            start, rewarded = len(rec.frames), len(rec.rewards)
+            obs, reward, *_ = env.step([0, 2, 3][step % 3])
+            window = rec.frames[start:]
+            counts.append(len(window))
+            expected = window[-3:][0]
+            for frame in window[-3:][1:]:
+                expected = np.maximum(expected, frame)
+            np.testing.assert_array_equal(obs, expected)  # the max over the last (up to) 3
+            assert reward == sum(rec.rewards[rewarded:])
+        return counts
+
+    counts = windows(seed=5)
+    assert set(counts) == {2, 3, 4}  # every count of the range, and nothing outside it
+    assert 2.7 < np.mean(counts) < 3.3  # uniform: a mean of 3
+    assert windows(seed=5) == counts  # the game's own generator, seeded by reset
+    assert windows(seed=6) != counts
+
+
+def test_random_skip_counts_its_frames_and_caps_episodes_at_the_top_of_its_range(config):
+    assert frames_per_step("PongNoFrameskip-v4", (2, 4)) == 3
+    assert frames_per_step("PongNoFrameskip-v4", (2, 3)) == 2.5
+    assert frames_per_step("PongNoFrameskip-v4", 4) == 4
+    assert check_episode_cap("PongNoFrameskip-v4", 1000, (2, 5)) == 5000
+    env = make_env(
+        "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=60,
+        skip_rate=(2, 4),
+    )  # fmt: skip
+    env.reset(seed=0)
+    steps, terminated, truncated = steps_until_done(env)
+    assert truncated and not terminated
+    assert ale(env).getEpisodeFrameNumber() == 60 * 4  # the cap counts raw frames
+    assert 60 < steps < 60 * 4 / 2  # more agent steps than 60: most take fewer than 4 frames
+    played = protocol("PongNoFrameskip-v4", (2, 4), 10000, 0.25)
+    assert played["frame_skip"] == [2, 4] and played["max_pool_frames"] is True
+    assert played["noop_starts"] == 30 and played["repeat_action_probability"] == 0.25
 
 
 # -- episodic life -----------------------------------------------------------------------------

@@ -480,7 +480,7 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     load = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
     for more, message in (
         (["--max-steps", "1500"], "is at step 1,500, at or past --max-steps 1500: give a larger"),
-        (["--skip-rate", "2"], "was saved with --skip-rate 4, this run has 2: resume with the"),
+        (["--skip-rate", "2"], "was saved with a frame skip of 4, this run has 2: resume with the"),
         (["--amsgrad"], "was saved with --amsgrad False, this run has True: resume with the"),
         (["--optimizer", "RMSprop"], "was saved with --optimizer Adam, this run has RMSprop"),
     ):
