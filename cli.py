@@ -510,16 +510,17 @@ def _validate_common(config: CommonConfig) -> None:
     check_sticky_probability(config.repeat_action_probability)
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
-    if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
-        raise UsageError(
-            f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
-            f"{config.skip_rate}; give a minimum of {config.skip_rate} or less (e.g. 2 with "
-            "--skip-rate 4, the -v0 ids' 2-4 frames)"
-        )
     if config.skip_rate_min is not None:
         check_skip_rate_applies(config.env, "--skip-rate-min", config.skip_rate_min)
     if config.skip_rate != DEFAULT_SKIP_RATE:
         check_skip_rate_applies(config.env, "--skip-rate", config.skip_rate)
+    if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
+        raise UsageError(
+            f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
+            f"{config.skip_rate}; give a minimum of {config.skip_rate} or less, or raise "
+            f"--skip-rate to {config.skip_rate_min} or more (the -v0 ids' 2-4 frames: "
+            "--skip-rate-min 2 --skip-rate 4)"
+        )
     check_flags_apply(config.env, config.repeat_action_probability, config.vector_obs_norm)
     check_episode_cap(config.env, config.max_episode_length, config.frame_skip)
     if config.stall_steps < 0:

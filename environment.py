@@ -349,6 +349,22 @@ def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: FrameSkip
     return frames
 
 
+def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
+    """The skip a run record's or training state's ``config`` played (`default` if unsaid).
+
+    Configurations saved before ``--skip-rate-min`` existed have no such key: a fixed skip.
+    """
+    high = saved.get("skip_rate", default)
+    low = saved.get("skip_rate_min") or high
+    return high if low == high else (low, high)
+
+
+def skip_flags(skip: FrameSkip) -> str:
+    """The flags that give `skip`: ``--skip-rate 4``, plus ``--skip-rate-min 2`` if random."""
+    low, high = skip_bounds(skip)
+    return f"--skip-rate {high}" + ("" if low == high else f" --skip-rate-min {low}")
+
+
 def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
     """Raw emulator frames behind one agent step, on average (1 outside Atari).
 
@@ -409,7 +425,9 @@ class MaxAndSkipEnv(gym.Wrapper):
         super().__init__(env)
         low, high = skip_bounds(skip)
         if not 1 <= low <= high:
-            raise ValueError(f"expected 1 <= skip, low <= high, got {skip}")
+            raise ValueError(
+                f"expected skip >= 1, or (low, high) with 1 <= low <= high, got {skip}"
+            )
         self.skip_low, self.skip = low, high
         self._frames: deque[np.ndarray] = deque(maxlen=3)
 
@@ -592,7 +610,8 @@ def atari_env(
 
     For ``*NoFrameskip*`` ids (ALE frameskip 1): time limit of
     ``max_episode_length * skip_rate`` raw frames (the top of a random skip's range), no-op
-    reset, max-and-skip, episodic life, fire reset (games with FIRE), rescale, normalise. For
+    reset, max-and-skip (a random skip adds a time limit of ``max_episode_length`` agent
+    steps after it), episodic life, fire reset (games with FIRE), rescale, normalise. For
     ids where ALE skips frames itself (``ALE/*-v5``) the first three are replaced by a time
     limit of ``max_episode_length`` agent steps, so frames are never skipped twice.
 
@@ -644,6 +663,8 @@ def atari_env(
         env = gym.wrappers.TimeLimit(env, max_episode_length * high)
         env = NoopResetEnv(env, NOOP_MAX)
         env = MaxAndSkipEnv(env, skip_rate)
+        if low != high:  # a random skip: the frame cap alone would allow more agent steps
+            env = gym.wrappers.TimeLimit(env, max_episode_length)
     else:
         env = gym.wrappers.TimeLimit(env, max_episode_length)
     env = EpisodicLifeEnv(env)

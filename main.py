@@ -44,7 +44,10 @@ from environment import (
     frames_per_step,
     make_env,
     protocol,
+    saved_frame_skip,
     short_episode_warning,
+    skip_bounds,
+    skip_flags,
     skip_text,
 )
 from model import build_model
@@ -110,14 +113,12 @@ def resume_from(
             f"training state {where!r} is for --env {saved.get('env')}, not {config.env}; pass "
             "the same --env, or another --load-model-dir"
         )
-    saved_high = saved.get("skip_rate", config.skip_rate)
-    saved_low = saved.get("skip_rate_min") or saved_high
-    saved_skip = saved_high if saved_low == saved_high else (saved_low, saved_high)
-    if frames_per_step(config.env, saved_skip) != frames_per_step(config.env, config.frame_skip):
+    saved_skip = saved_frame_skip(saved, config.skip_rate)
+    if skip_bounds(saved_skip) != skip_bounds(config.frame_skip):
         raise UsageError(
             f"training state {where!r} was saved with a frame skip of {skip_text(saved_skip)}, "
-            f"this run has {skip_text(config.frame_skip)}: resume with the same --skip-rate and "
-            "--skip-rate-min (its frames count on from the saved steps)"
+            f"this run has {skip_text(config.frame_skip)}: resume with {skip_flags(saved_skip)} "
+            "(its frames count on from the saved steps)"
         )
     if config.max_steps and state.steps >= config.max_steps:
         raise UsageError(

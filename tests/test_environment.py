@@ -26,7 +26,10 @@ from environment import (
     protocol,
     read_config,
     register_games,
+    saved_frame_skip,
     short_episode_warning,
+    skip_flags,
+    skip_text,
     vector_env,
     was_real_done,
 )
@@ -195,23 +198,36 @@ def test_random_skip_draws_each_steps_frames_from_the_range_reproducibly():
     assert windows(seed=6) != counts
 
 
-def test_random_skip_counts_its_frames_and_caps_episodes_at_the_top_of_its_range(config):
+def test_random_skip_counts_its_frames_and_caps_episodes_in_agent_steps(config):
     assert frames_per_step("PongNoFrameskip-v4", (2, 4)) == 3
     assert frames_per_step("PongNoFrameskip-v4", (2, 3)) == 2.5
     assert frames_per_step("PongNoFrameskip-v4", 4) == 4
-    assert check_episode_cap("PongNoFrameskip-v4", 1000, (2, 5)) == 5000
+    assert check_episode_cap("PongNoFrameskip-v4", 1000, (2, 5)) == 5000  # what ALE may count
     env = make_env(
         "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=60,
         skip_rate=(2, 4),
     )  # fmt: skip
     env.reset(seed=0)
     steps, terminated, truncated = steps_until_done(env)
-    assert truncated and not terminated
-    assert ale(env).getEpisodeFrameNumber() == 60 * 4  # the cap counts raw frames
-    assert 60 < steps < 60 * 4 / 2  # more agent steps than 60: most take fewer than 4 frames
+    # Cut at 60 agent steps (FIRE and action 2 at reset are two of them), as the protocol
+    # says, where the cap of 60 x 4 raw frames alone would have allowed ~80.
+    assert truncated and not terminated and steps == 60 - 2
+    assert 60 * 2 < ale(env).getEpisodeFrameNumber() < 60 * 4
     played = protocol("PongNoFrameskip-v4", (2, 4), 10000, 0.25)
     assert played["frame_skip"] == [2, 4] and played["max_pool_frames"] is True
     assert played["noop_starts"] == 30 and played["repeat_action_probability"] == 0.25
+    assert played["episode_cap_steps"] == 10000
+
+
+def test_a_saved_configuration_names_its_skip_and_the_flags_that_give_it():
+    assert saved_frame_skip({"skip_rate": 4, "skip_rate_min": 2}, 4) == (2, 4)
+    assert saved_frame_skip({"skip_rate": 4, "skip_rate_min": 4}, 4) == 4
+    assert saved_frame_skip({"skip_rate": 3}, 4) == 3  # saved before --skip-rate-min existed
+    assert saved_frame_skip({}, 4) == 4
+    assert skip_flags((2, 4)) == "--skip-rate 4 --skip-rate-min 2"
+    assert skip_flags(4) == "--skip-rate 4" and skip_text((2, 4)) == "2-4"
+    with pytest.raises(ValueError, match=r"1 <= low <= high, got \(5, 4\)"):
+        MaxAndSkipEnv(gym.make("PongNoFrameskip-v4"), skip=(5, 4))
 
 
 # -- episodic life -----------------------------------------------------------------------------

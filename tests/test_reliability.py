@@ -480,7 +480,11 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
     load = [*flags, "--load", "--load-model-dir", str(tmp_path / "models")]
     for more, message in (
         (["--max-steps", "1500"], "is at step 1,500, at or past --max-steps 1500: give a larger"),
-        (["--skip-rate", "2"], "was saved with a frame skip of 4, this run has 2: resume with the"),
+        (["--skip-rate", "2"], "frame skip of 4, this run has 2: resume with --skip-rate 4 (its"),
+        (
+            ["--skip-rate-min", "3"],
+            "frame skip of 4, this run has 3-4: resume with --skip-rate 4 (",
+        ),
         (["--amsgrad"], "was saved with --amsgrad False, this run has True: resume with the"),
         (["--optimizer", "RMSprop"], "was saved with --optimizer Adam, this run has RMSprop"),
     ):

@@ -252,6 +252,60 @@ def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
     assert len(made) == 2 and closed == made[::-1]
 
 
+def test_a_random_skip_reaches_every_env_a_run_and_an_evaluation_build(monkeypatch, tmp_path):
+    """--skip-rate-min reaches the workers' envs, the test process's and gym_eval's."""
+    import gym_eval
+    import test as test_process
+    import train
+    from checkpoint import RunPaths
+    from cli import parse_eval_args, parse_train_args
+
+    made: list = []
+
+    def make_and_keep(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        made.append(env)
+        return env
+
+    class BuiltError(Exception):
+        """Stops the test process once its env is built."""
+
+    def make_and_stop(*args, **kwargs):
+        make_and_keep(*args, **kwargs)
+        raise BuiltError
+
+    def skips(env) -> tuple[int, int]:
+        return env.get_wrapper_attr("skip_low"), env.get_wrapper_attr("skip")
+
+    flags = ["--skip-rate-min", "2", "--hidden-size", "16", "--envs-per-worker", "2"]
+    args = parse_train_args([*flags, "--log-dir", str(tmp_path)])
+    monkeypatch.setattr(train, "make_env", make_and_keep)
+    shared = build_model(*spaces_of(args), args.hidden_size)
+    ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=1000)
+
+    def stop(_terms):
+        raise StopIteration
+
+    with pytest.raises(StopIteration):
+        run_worker(0, args, crop(args.env), shared, None, ctx, on_update=stop)
+    assert [skips(env) for env in made] == [(2, 4), (2, 4)]
+
+    made.clear()
+    monkeypatch.setattr(test_process, "make_env", make_and_stop)
+    paths = RunPaths.of(args.env, str(tmp_path), str(tmp_path), str(tmp_path), False)
+    with pytest.raises(BuiltError):
+        test_process.run_test(args, crop(args.env), paths, "run", shared, ctx, steps_at_start=0)
+    assert [skips(env) for env in made] == [(2, 4)]
+
+    evaluated = gym_eval.eval_env(parse_eval_args(["--skip-rate-min", "3"]), crop(args.env), None)
+    assert skips(evaluated) == (3, 4)
+
+
+def spaces_of(args):
+    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    return env.observation_space, env.action_space
+
+
 @pytest.mark.parametrize(("schedule", "last_lr"), [("constant", 1e-3), ("linear", 0.0)])
 def test_worker_follows_the_lr_schedule_down_to_the_budget(schedule, last_lr):
     """The last update of a run comes at the step budget: the linear schedule has reached 0
