@@ -645,7 +645,10 @@ def atari_env(
     low, high = skip_bounds(skip_rate)
     require_at_least("--skip-rate", high)
     if not 1 <= low <= high:
-        raise UsageError(f"--skip-rate-min must be in 1..--skip-rate ({high}), got {low}")
+        raise UsageError(
+            f"--skip-rate-min must be in 1..--skip-rate ({high}), got {low}; give 1 to {high} "
+            f"(2 with --skip-rate 4: the -v0 ids' 2-4 frames)"
+        )
     check_sticky_probability(repeat_action_probability)
 
     ale_skip = spec.kwargs.get("frameskip", 1)

@@ -115,10 +115,12 @@ def resume_from(
         )
     saved_skip = saved_frame_skip(saved, config.skip_rate)
     if skip_bounds(saved_skip) != skip_bounds(config.frame_skip):
+        random_now = isinstance(config.frame_skip, tuple) and isinstance(saved_skip, int)
+        without_min = " and without --skip-rate-min" if random_now else ""
         raise UsageError(
             f"training state {where!r} was saved with a frame skip of {skip_text(saved_skip)}, "
-            f"this run has {skip_text(config.frame_skip)}: resume with {skip_flags(saved_skip)} "
-            "(its frames count on from the saved steps)"
+            f"this run has {skip_text(config.frame_skip)}: resume with {skip_flags(saved_skip)}"
+            f"{without_min} (its frames count on from the saved steps)"
         )
     if config.max_steps and state.steps >= config.max_steps:
         raise UsageError(

@@ -106,6 +106,12 @@ def test_noframeskip_stack_order_and_output(config):
         NoopResetEnv,
         gym.wrappers.TimeLimit,
     ]
+    # A random skip adds a cap in agent steps after the skip, under the lost-life wrapper.
+    conf = env_config(config, "PongNoFrameskip-v4")
+    random_skip = atari_env("PongNoFrameskip-v4", conf, 50, (2, 4))
+    assert [t for t in wrapper_types(random_skip) if t in ours] == [
+        *ours[:4], gym.wrappers.TimeLimit, *ours[4:]
+    ]  # fmt: skip
     obs, _ = env.reset(seed=0)
     assert obs.shape == (1, 80, 80) and obs.dtype == np.float32
     obs, reward, terminated, truncated, _ = env.step(0)
@@ -217,6 +223,31 @@ def test_random_skip_counts_its_frames_and_caps_episodes_in_agent_steps(config):
     assert played["frame_skip"] == [2, 4] and played["max_pool_frames"] is True
     assert played["noop_starts"] == 30 and played["repeat_action_probability"] == 0.25
     assert played["episode_cap_steps"] == 10000
+
+
+def test_a_random_skip_cap_counts_the_whole_game_across_lives(config):
+    env = make_env(
+        "BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"),
+        max_episode_length=150, skip_rate=(2, 4),
+    )  # fmt: skip
+    env.reset(seed=0)
+    steps, lives_lost = 2, 0  # the reset's FIRE and action 2 are steps of the game
+    while True:  # FIRE: the ball comes, and the idle paddle loses it, life after life
+        _, _, terminated, truncated, _ = env.step(1)
+        steps += 1
+        if truncated:
+            break
+        if terminated:  # a lost life: the same game goes on after a no-op, FIRE and action 2
+            lives_lost += 1
+            env.reset()
+            steps += 3
+    assert lives_lost >= 2  # the cap's count ran on across them
+    assert steps == 150 and was_real_done(env)
+
+
+def test_a_random_skip_short_cap_is_warned_about():
+    assert short_episode_warning(protocol("PongNoFrameskip-v4", (2, 4), 9)) is not None
+    assert short_episode_warning(protocol("PongNoFrameskip-v4", (2, 4), 10)) is None
 
 
 def test_a_saved_configuration_names_its_skip_and_the_flags_that_give_it():

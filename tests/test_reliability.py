@@ -483,7 +483,8 @@ def test_a_resume_past_its_budget_or_at_another_frame_skip_is_refused(
         (["--skip-rate", "2"], "frame skip of 4, this run has 2: resume with --skip-rate 4 (its"),
         (
             ["--skip-rate-min", "3"],
-            "frame skip of 4, this run has 3-4: resume with --skip-rate 4 (",
+            "frame skip of 4, this run has 3-4: resume with --skip-rate 4 and without "
+            "--skip-rate-min (its",
         ),
         (["--amsgrad"], "was saved with --amsgrad False, this run has True: resume with the"),
         (["--optimizer", "RMSprop"], "was saved with --optimizer Adam, this run has RMSprop"),

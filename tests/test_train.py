@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import gymnasium as gym
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -301,8 +302,10 @@ def test_a_random_skip_reaches_every_env_a_run_and_an_evaluation_build(monkeypat
     assert skips(evaluated) == (3, 4)
 
 
-def spaces_of(args):
+def spaces_of(args) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of `args`'s env."""
     env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env.close()
     return env.observation_space, env.action_space
 
 
