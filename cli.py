@@ -24,6 +24,7 @@ from environment import (
     check_flags_apply,
     check_skip_rate_applies,
     check_sticky_probability,
+    skip_from_flags,
 )
 from model import HIDDEN_SIZE
 from shared_optim import LR_SCHEDULES
@@ -133,8 +134,7 @@ class CommonConfig:
     @property
     def frame_skip(self) -> FrameSkip:
         """The skip the env plays: ``--skip-rate``, or ``(--skip-rate-min, --skip-rate)``."""
-        low = self.skip_rate_min
-        return self.skip_rate if low is None or low == self.skip_rate else (low, self.skip_rate)
+        return skip_from_flags(self.skip_rate, self.skip_rate_min)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,13 @@ def skip_bounds(skip: FrameSkip) -> tuple[int, int]:
     return (skip, skip) if isinstance(skip, int) else skip
 
 
+def skip_from_flags(skip_rate: int, skip_rate_min: int | None) -> FrameSkip:
+    """The skip ``--skip-rate`` and ``--skip-rate-min`` give: fixed, or ``(min, skip_rate)``."""
+    if skip_rate_min is None or skip_rate_min == skip_rate:
+        return skip_rate
+    return (skip_rate_min, skip_rate)
+
+
 def skip_text(skip: FrameSkip) -> str:
     """`skip` as its flags give it: ``4``, or ``2-4`` for a random skip."""
     low, high = skip_bounds(skip)
@@ -354,9 +361,7 @@ def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
 
     Configurations saved before ``--skip-rate-min`` existed have no such key: a fixed skip.
     """
-    high = saved.get("skip_rate", default)
-    low = saved.get("skip_rate_min") or high
-    return high if low == high else (low, high)
+    return skip_from_flags(saved.get("skip_rate", default), saved.get("skip_rate_min"))
 
 
 def skip_flags(skip: FrameSkip) -> str:

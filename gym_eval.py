@@ -50,6 +50,7 @@ from environment import (
     protocol,
     register_games,
     short_episode_warning,
+    skip_text,
 )
 from model import HIDDEN_SIZE, ActorCriticLSTM, build_model
 from monitor import counted_sittings, run_totals, up_to_weights
@@ -607,7 +608,7 @@ def evaluate(args: EvalConfig) -> dict:
     skip = played.get("frame_skip")
     conditions = [f"sticky actions {sticky:g}"] if sticky is not None else []
     if isinstance(skip, list):  # a random skip, ours or the -v0 ids'
-        conditions.append(f"frame skip {skip[0]}-{skip[1]}")
+        conditions.append(f"frame skip {skip_text(tuple(skip))}")
     log.info(
         f"evaluating {model_path} on {args.env} for {args.num_episodes} games"
         + (f" ({', '.join(conditions)})" if conditions else "")
