@@ -79,8 +79,8 @@ class CommonConfig:
     seed: int = flag(
         1,
         "-s",
-        help="random seed: training worker RANK uses seed + RANK; gym_eval.py seeds its games "
-        "from it",
+        help="random seed: training worker RANK uses seed + RANK (a resumed or restarted one "
+        "draws its own from it); gym_eval.py seeds its games from it",
     )
     max_episode_length: int = flag(
         10000,

@@ -486,12 +486,15 @@ class ParameterServer:
         A launcher restarted on a node goes on from that node's counts (the run's total would
         drop otherwise), and its fp16 exchanges start afresh from the weights it gets here. Its
         `generation` is passed with each exchange: an older launcher's late ones are told apart.
+        `base_steps`, the steps the run resumed from, give a resumed sitting's workers seeds
+        of their own (`ProcessStart`).
         """
         self.views.pop(node, None)
         self.generations[node] = self.generations.get(node, -1) + 1
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
+            "base_steps": self.base_steps,
             "node_steps": self.node_steps.get(node, 0),
             "node_skipped": self.node_skipped.get(node, 0),
             "generation": self.generations[node],
@@ -591,7 +594,8 @@ def node_config(config: TrainConfig, index: int, place: int) -> TrainConfig:
 
     Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: the node
     started `index`-th (0 = the head; a restart counts anew) starts at seed + index*W*K, so no
-    two envs of the run, restarts included, share a seed. ``--distributed-step-size`` is dealt
+    two envs of the run, restarts included, share a seed (a resumed sitting's draw seeds of
+    their own: `ProcessStart`). ``--distributed-step-size`` is dealt
     round-robin over the workers training at once, not over each node's: the node in `place`
     (its place among the nodes training together, `pick_place`) has worker r take the size of
     worker place*W + r of one big pool (the list, rotated by place*W), so a node that replaces a
@@ -694,7 +698,7 @@ class NodeLauncher:
         )
         self.pool = Launcher(
             self.config, paths, env_conf, model, optimizer, shape, "", part="workers",
-            extra_slots=1,
+            extra_slots=1, sitting=joined["base_steps"],
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
         # Everything but this launcher's own steps: the other nodes' and this node's before

@@ -59,6 +59,7 @@ from utils import (
     FATAL_EXIT,
     INTERRUPTED_EXIT,
     ProcessContext,
+    ProcessStart,
     ReportChannels,
     UsageError,
     check_gpus,
@@ -461,6 +462,7 @@ class Launcher:
         part: str = "all",
         extra_slots: int = 0,
         earlier_logs: Path | None = None,
+        sitting: int | None = None,
     ):
         """Hold what the children get; nothing starts and no file is written until `run`.
 
@@ -478,6 +480,8 @@ class Launcher:
                 other nodes' steps there, so its workers see the cluster's total).
             earlier_logs: the resumed sittings' ``--log-dir``, where it is another
                 (`earlier_log_dir`): the run record goes on from theirs.
+            sitting: the run's steps when this sitting began, for the children's seeds
+                (`ProcessStart`; default: those of `resumed`, else 0).
         """
         if part not in PARTS:
             raise ValueError(f"expected part in {PARTS}, got {part!r}")
@@ -516,6 +520,10 @@ class Launcher:
             *(Child(rank) for rank in range(config.workers if part != "test" else 0)),
         ]
         self.processes: dict[Child, mp.process.BaseProcess] = {}
+        if sitting is None:
+            sitting = 0 if resumed is None else resumed.steps
+        self.sitting = sitting
+        self.starts: dict[Child, int] = {}  # each child's starts so far, for its seeds
         self.deaths: dict[Child, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}
         self._signals = 0
@@ -599,17 +607,22 @@ class Launcher:
         return new_best or time.monotonic() >= self.next_state_save
 
     def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
-        """The entry point and arguments of `child`, with the latest normaliser statistics."""
+        """The entry point and arguments of `child`, with the latest normaliser statistics.
+
+        Its `ProcessStart` is the next of its starts: a restart's or a resumed sitting's
+        draws seeds of its own.
+        """
         monitor = self.monitor
+        start = ProcessStart(self.sitting, self.starts.get(child, 0))
         if child.is_test:
             return test, (
                 self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
                 ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
-                self.ctx.total_steps(),
+                self.ctx.total_steps(), start,
             )  # fmt: skip
         return train, (
             child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,
-            monitor.worker_normalizers.get(child.rank),
+            monitor.worker_normalizers.get(child.rank), start,
         )  # fmt: skip
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -631,6 +644,7 @@ class Launcher:
         proc = self.mp.Process(target=target, args=args, name=child.title, daemon=False)
         with sigint_ignored():
             proc.start()
+        self.starts[child] = self.starts.get(child, 0) + 1
         self.channels.started(ctx)
         self.processes[child] = proc
 

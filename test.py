@@ -15,7 +15,15 @@ from cli import TrainConfig, as_dict
 from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
 from model import build_model
 from player_util import STOPPED, GreedyPlayer
-from utils import ProcessContext, child_process, format_elapsed, setup_logger, worker_device
+from utils import (
+    FIRST_START,
+    ProcessContext,
+    ProcessStart,
+    child_process,
+    format_elapsed,
+    setup_logger,
+    worker_device,
+)
 
 
 def run_test(
@@ -30,6 +38,7 @@ def run_test(
     dat_score: float | None = None,
     *,
     steps_at_start: int,
+    start: ProcessStart = FIRST_START,
 ) -> None:
     """Play greedy games with the latest shared weights until the launcher says stop.
 
@@ -58,6 +67,8 @@ def run_test(
             run's games logged past them (after the state it resumed from was saved) are of
             a stretch trained again, and the curve drops them. Counted by the launcher, not
             here: the workers step while this process imports torch.
+        start: which start of the test process this is: a fresh run's first seeds torch and
+            its first game with ``--seed``, a resume's or a restart's draws its own seeds.
     """
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
@@ -65,7 +76,8 @@ def run_test(
     for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
 
-    torch.manual_seed(config.seed)
+    torch_seed, game_seed = (config.seed,) * 2 if start.first else start.seeds(config.seed, 0, 2)
+    torch.manual_seed(torch_seed)
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.frame_skip,
         config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
@@ -83,7 +95,7 @@ def run_test(
     games = len(rewards)
     reward_total = float(sum(rewards))
     bar = -math.inf if dat_score is None else dat_score  # what --save-max must match
-    seed: int | None = config.seed
+    seed: int | None = game_seed
     while not ctx.stopping():
         model.load_state_dict(shared_model.state_dict())
         taken = ctx.total_steps(), time.time() - ctx.start_time  # how far the run was then
@@ -140,6 +152,7 @@ def test(
     normalizer: dict | None,
     dat_score: float | None,
     steps_at_start: int,
+    start: ProcessStart = FIRST_START,
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
@@ -148,5 +161,5 @@ def test(
         os.nice(config.test_niceness)
         run_test(
             config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,
-            steps_at_start=steps_at_start,
+            steps_at_start=steps_at_start, start=start,
         )  # fmt: skip

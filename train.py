@@ -17,7 +17,14 @@ from environment import load_worker_normalizer_state, make_env, worker_normalize
 from model import build_model
 from player_util import Agent, NonFiniteError, Rollout
 from shared_optim import make_optimizer, scheduled_lr, set_lr
-from utils import FatalRunError, ProcessContext, child_process, worker_device
+from utils import (
+    FIRST_START,
+    FatalRunError,
+    ProcessContext,
+    ProcessStart,
+    child_process,
+    worker_device,
+)
 
 
 @dataclass
@@ -424,6 +431,22 @@ class PhaseClock:
         self.totals.clear()
 
 
+def worker_seeds(
+    seed: int, rank: int, workers: int, envs: int, start: ProcessStart
+) -> tuple[int, list[int]]:
+    """Worker `rank`'s torch seed and the seeds of its `envs` envs.
+
+    A fresh run's first start: ``seed + rank``, and env k ``seed + rank + k * workers`` (one env
+    per worker keeps the original's ``seed + rank``; no two envs of a run share a seed). A
+    resumed sitting's or a restarted worker's: drawn afresh (`ProcessStart.seeds`), so its
+    games do not replay the run's first ones.
+    """
+    if start.first:
+        return seed + rank, [seed + rank + k * workers for k in range(envs)]
+    torch_seed, *env_seeds = start.seeds(seed, rank + 1, envs + 1)
+    return torch_seed, env_seeds
+
+
 def _no_lap(phase: str) -> None:
     """The worker loop's lap when nobody times it."""
 
@@ -438,6 +461,7 @@ def run_worker(
     normalizer: dict | None = None,
     on_update: Callable[[LossTerms], None] | None = None,
     clock: PhaseClock | None = None,
+    start: ProcessStart = FIRST_START,
 ) -> None:
     """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
 
@@ -450,7 +474,8 @@ def run_worker(
     in a row the worker raises `FatalRunError` and the launcher stops the run.
 
     Args:
-        rank: worker index; seeds with ``seed + rank`` and picks the GPU round-robin.
+        rank: worker index; seeds with ``seed + rank`` (`worker_seeds`) and picks the GPU
+            round-robin.
         config: the run's configuration.
         env_conf: the game's ``config.json`` entry.
         shared_model: the shared-memory CPU model.
@@ -460,16 +485,14 @@ def run_worker(
         normalizer: observation-normaliser statistics to continue from (a resumed run).
         on_update: called with each applied update's loss terms (tests, benchmarks).
         clock: times each phase of the loop (benchmarks).
+        start: which start of this worker this is (a resume's or a restart's draws new seeds).
     """
     # -- setup: device, seeds, envs, own model copy, agent -------------------------------------
     device = worker_device(config.gpu_for(rank))
-    seed = config.seed + rank
+    seed, seeds = worker_seeds(config.seed, rank, config.workers, config.envs_per_worker, start)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
-    # Env k of worker `rank` seeds with seed + rank + k * workers: one env per worker keeps
-    # the original's seed + rank, and no two envs of a run share a seed.
-    seeds = [seed + k * config.workers for k in range(config.envs_per_worker)]
     # However it ends (a stop, an error, an in-process caller's failing hook), the envs close
     # and the shared pages are unpinned.
     with contextlib.ExitStack() as cleanup:
@@ -566,7 +589,8 @@ def train(
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
     normalizer: dict | None = None,
+    start: ProcessStart = FIRST_START,
 ) -> None:
     """Process entry point of training worker `rank` (see `run_worker`)."""
     with child_process(f"Train Agent: {rank}", ctx):
-        run_worker(rank, config, env_conf, shared_model, optimizer, ctx, normalizer)
+        run_worker(rank, config, env_conf, shared_model, optimizer, ctx, normalizer, start=start)

@@ -20,6 +20,7 @@ from multiprocessing import connection as mp_connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import torch
 
 
@@ -112,6 +113,50 @@ def require_at_least(flag: str, value: int, minimum: int = 1) -> None:
     """Raise UsageError ``"<flag> must be at least <minimum>, got <value>"`` when too small."""
     if value < minimum:
         raise UsageError(f"{flag} must be at least {minimum}, got {value}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessStart:
+    """Which start of a run's child process this is, for its seeds.
+
+    A fresh run's first start of each child seeds as the original does (``--seed`` plus the
+    worker's rank); every later one, a resumed sitting's or a restart after a crash, draws
+    seeds of its own (`seeds`), so it does not replay the no-op counts, sticky repeats and
+    action draws the run began with. A state resumed twice draws the same seeds both times.
+
+    Attributes:
+        sitting: the run's agent steps when this sitting began (0: a fresh run).
+        count: the child's earlier starts in this sitting (0: its first).
+    """
+
+    sitting: int = 0
+    count: int = 0
+
+    @property
+    def first(self) -> bool:
+        """A fresh run's first start: the plain seeds."""
+        return self.sitting == 0 and self.count == 0
+
+    def seeds(self, seed: int, process: int, number: int) -> list[int]:
+        """`number` seeds in 0..2**32-1, drawn from `seed`, `process` and this start.
+
+        Args:
+            seed: the run's ``--seed`` (a cluster node's, offset by its start).
+            process: 0 for the test process, ``rank + 1`` for training worker `rank`.
+            number: how many seeds.
+        """
+        spawn_key = (process, self.sitting, self.count)
+        words = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(number)
+        return [int(word) for word in words]
+
+
+FIRST_START = ProcessStart()
+"""A fresh run's first start of a child: the plain seeds."""
 
 
 # ----------------------------------------------------------------------------------------------

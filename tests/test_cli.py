@@ -49,7 +49,7 @@ from tests.conftest import (
     script_here,
     wait_group_gone,
 )
-from utils import UsageError
+from utils import ProcessStart, UsageError
 from visualize import parse_log
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -377,12 +377,15 @@ def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:
                 assert torch.equal(restored[index][name], value), (index, name)
         assert launcher.monitor.rewards == saved["test_rewards"] != []
         assert launcher.tensorboard_dir == saved["tensorboard_dir"]
+        # Each child's seeds are its sitting's own (not the run's first: `ProcessStart`).
+        resumed_start = ProcessStart(sitting=saved["steps"], count=0)
         for rank in range(launcher.config.workers):
             _, worker_args = launcher.process_target(Child(rank), launcher.ctx)
-            assert worker_args[-1] == saved["normalizers"][str(rank)]
+            assert worker_args[-2:] == (saved["normalizers"][str(rank)], resumed_start)
         _, test_args = launcher.process_target(Child(None), launcher.ctx)
-        rewards, normalizer, dat_score, steps_at_start = test_args[-4:]
+        rewards, normalizer, dat_score, steps_at_start, start = test_args[-5:]
         assert steps_at_start == saved["steps"]  # the launcher's count, before any step
+        assert start == resumed_start and saved["steps"] > 0
         assert len(rewards) == saved["test"]["games"]
         assert normalizer == saved["normalizers"]["test"]
         assert dat_score is None is saved["dat_score"]  # its final weights: no game's

@@ -331,6 +331,7 @@ def test_a_restarted_node_goes_on_from_its_counts_and_starts_its_fp16_exchanges_
     assert "a" in server.views
     joined = server.join("a")  # a new launcher on node "a"
     assert (joined["steps"], joined["node_steps"], joined["node_skipped"]) == (120, 20, 1)
+    assert joined["base_steps"] == 100  # the resumed steps: the sitting its workers seed by
     assert "a" not in server.views
     weights = joined["weights"].copy()  # what Ray would hand over: a copy
     fresh = net(1)

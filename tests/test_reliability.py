@@ -46,7 +46,7 @@ from tests.conftest import (
     run_cli,
     wait_group_gone,
 )
-from utils import FatalRunError, ProcessContext, child_process
+from utils import FIRST_START, FatalRunError, ProcessContext, ProcessStart, child_process
 
 CONFIG = str(ROOT / "config.json")
 
@@ -1194,6 +1194,28 @@ def test_the_launcher_restarts_a_crashed_child_but_not_a_fatal_one(
         launcher.monitor.writer.close()
 
 
+def test_each_start_of_a_child_is_given_its_own_seeds(tmp_path):
+    """A fresh run's children start with the plain seeds; a restarted one draws its own."""
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path)]))
+    given: list[tuple[Child, ProcessStart]] = []
+
+    def quick_target(child: Child, ctx: ProcessContext) -> tuple:
+        given.append((child, main.Launcher.process_target(launcher, child, ctx)[1][-1]))
+        return _exit_with, (0,)
+
+    launcher.process_target = quick_target
+    for child in (Child(0), Child(None), Child(0)):  # the second Child(0): a restart
+        launcher._start(child)
+        launcher.processes[child].join(30)
+    assert given == [
+        (Child(0), FIRST_START), (Child(None), FIRST_START), (Child(0), ProcessStart(0, 1))
+    ]  # fmt: skip
+    restarted, first = (train.worker_seeds(1, 0, 1, 1, given[i][1]) for i in (2, 0))
+    assert restarted != first == (1, [1])
+    if launcher.monitor.writer is not None:
+        launcher.monitor.writer.close()
+
+
 def _large_last_report(ctx: ProcessContext) -> None:
     ctx.report("ready", {})
     while not ctx.stopping():
@@ -1365,14 +1387,14 @@ def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_pa
         resumed = prepare(parse_train_args([*flags, *load]))
     assert "its run saved it without --save-max" in caplog.text
     assert resumed.monitor.best == 5.0 and resumed.monitor.dat_score is None
-    assert resumed.process_target(Child(None), resumed.ctx)[1][-2] is None  # the test's bar
+    assert resumed.process_target(Child(None), resumed.ctx)[1][-3] is None  # the test's bar
     # A --save-max run: its state keeps the score of the file, not the run's best game.
     resumed.monitor.take("test", {**game, "reward": -1.0, "saved": True})
     resumed.monitor.take("test", {**game, "reward": -2.0, "saved": False})
     resumed.shutdown()
     again = prepare(parse_train_args([*flags, *load]))
     assert again.monitor.dat_score == -1.0 and again.monitor.best == 5.0
-    assert again.process_target(Child(None), again.ctx)[1][-2] == -1.0
+    assert again.process_target(Child(None), again.ctx)[1][-3] == -1.0
     # Resumed without --save-max: every test game will write over the best weights; said.
     caplog.clear()
     with caplog.at_level("WARNING", logger="a3g.main"):

@@ -25,8 +25,9 @@ from train import (
     step_size_for,
     sync_weights,
     unpin_shared_memory,
+    worker_seeds,
 )
-from utils import ProcessContext
+from utils import FIRST_START, ProcessContext, ProcessStart
 
 
 def loss_rollout(values, log_probs, entropies, rewards, bootstrap, took=None) -> Rollout:
@@ -160,7 +161,9 @@ def shared_cartpole_model() -> torch.nn.Module:
     )
 
 
-def worker_losses(args, updates: int) -> tuple[list[float], torch.nn.Module]:
+def worker_losses(
+    args, updates: int, start: ProcessStart = FIRST_START
+) -> tuple[list[float], torch.nn.Module]:
     shared = untouched_model(args)
     optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
     optimizer.share_memory()
@@ -168,7 +171,7 @@ def worker_losses(args, updates: int) -> tuple[list[float], torch.nn.Module]:
     losses: list[float] = []
     run_worker(
         0, args, crop(args.env), shared, optimizer, ctx,
-        on_update=lambda terms: losses.append(terms.total.item()),
+        on_update=lambda terms: losses.append(terms.total.item()), start=start,
     )  # fmt: skip
     return losses, shared
 
@@ -195,6 +198,30 @@ def test_same_seed_gives_identical_losses_on_pong():
     assert first == second
     other, _ = worker_losses(replace(args, seed=2), updates=4)
     assert other != first
+    # A resumed sitting's worker (same weights, same --seed) plays other games, and the same
+    # state resumed again plays the same ones.
+    resumed, _ = worker_losses(args, updates=4, start=ProcessStart(sitting=4000))
+    assert resumed != first
+    assert worker_losses(args, updates=4, start=ProcessStart(sitting=4000))[0] == resumed
+
+
+def test_worker_seeds_are_the_originals_at_first_and_new_at_every_later_start():
+    assert worker_seeds(7, 2, workers=3, envs=1, start=FIRST_START) == (9, [9])  # seed + rank
+    assert worker_seeds(7, 2, workers=3, envs=4, start=FIRST_START) == (9, [9, 12, 15, 18])
+    # Every env of a 3 x 4 run its own seed, and each later start (a restart, a resumed
+    # sitting, both) seeds every process anew: no seed of one start is another's.
+    starts = [FIRST_START, ProcessStart(0, 1), ProcessStart(0, 2), ProcessStart(5000, 0)]
+    starts.append(ProcessStart(5000, 1))
+    drawn = [worker_seeds(7, rank, 3, 4, start) for start in starts for rank in range(3)]
+    env_seeds = [seed for _, seeds in drawn for seed in seeds]
+    assert len(set(env_seeds)) == len(env_seeds) == 5 * 3 * 4
+    assert len({torch_seed for torch_seed, _ in drawn}) == 5 * 3
+    assert all(0 <= seed < 2**32 for seed in env_seeds)
+    # Drawn from the seed, the process and the start alone: the same state resumed again, or
+    # the same run started again, seeds alike; another --seed seeds otherwise.
+    assert worker_seeds(7, 1, 3, 4, ProcessStart(5000, 0)) == drawn[3 * 3 + 1]
+    assert worker_seeds(8, 1, 3, 4, ProcessStart(5000, 0)) != drawn[3 * 3 + 1]
+    assert ProcessStart(5000, 0).seeds(7, 0, 2) != ProcessStart(5000, 0).seeds(7, 1, 2)
 
 
 def test_worker_changes_the_shared_model():
