@@ -479,7 +479,8 @@ def as_dict(config: CommonConfig) -> dict[str, Any]:
 
 
 MAX_SEED = 2**32 - 1
-"""The largest ``--seed`` (numpy's range; each worker's and env's seed is offset from it)."""
+"""The largest ``--seed`` (numpy's range; a fresh run's workers and envs offset their seeds from
+it, later starts draw theirs from it: `utils.ProcessStart`)."""
 
 
 def _refuse_empty(config: CommonConfig, name: str, fix: str) -> None:

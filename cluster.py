@@ -594,12 +594,13 @@ def node_config(config: TrainConfig, index: int, place: int) -> TrainConfig:
 
     Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: the node
     started `index`-th (0 = the head; a restart counts anew) starts at seed + index*W*K, so no
-    two envs of the run, restarts included, share a seed (a resumed sitting's draw seeds of
-    their own: `ProcessStart`). ``--distributed-step-size`` is dealt
-    round-robin over the workers training at once, not over each node's: the node in `place`
-    (its place among the nodes training together, `pick_place`) has worker r take the size of
-    worker place*W + r of one big pool (the list, rotated by place*W), so a node that replaces a
-    lost one takes its sizes and none goes missing.
+    two envs of the run's first starts, node restarts included, share a seed (a resumed
+    sitting's and a restarted worker's draw 32-bit seeds of their own: `ProcessStart`).
+    ``--distributed-step-size`` is dealt round-robin over the workers training at once, not
+    over each node's: the node in `place` (its place among the nodes training together,
+    `pick_place`) has worker r take the size of worker place*W + r of one big pool (the list,
+    rotated by place*W), so a node that replaces a lost one takes its sizes and none goes
+    missing.
     """
     per_node = config.workers * config.envs_per_worker
     sizes = config.distributed_step_size
@@ -698,7 +699,7 @@ class NodeLauncher:
         )
         self.pool = Launcher(
             self.config, paths, env_conf, model, optimizer, shape, "", part="workers",
-            extra_slots=1, sitting=joined["base_steps"],
+            extra_slots=1, resumed_steps=joined["base_steps"],
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
         # Everything but this launcher's own steps: the other nodes' and this node's before
@@ -777,8 +778,8 @@ class NodeLauncher:
 
         Returns:
             The node's summary: id, host, workers, why it stopped, whether it failed, the
-            digest of its weights after the last exchange (`weights_digest`), and the folder
-            its code was imported from.
+            digest of its weights after the last exchange (`weights_digest`), the folder
+            its code was imported from, and where its workers' seeds came from.
         """
         try:  # inside the try: a failed spawn still stops the children already started
             if not self.pool.ctx.stopping():  # told to stop before it ran: no workers to start
@@ -796,6 +797,9 @@ class NodeLauncher:
             "failed": self.pool.failed,
             "weights_digest": weights_digest(flat_weights(self.sync.model)),
             "code": str(Path(__file__).resolve().parent),  # the copy Ray unpacked on the node
+            # Where its workers' seeds came from (`ProcessStart`): its --seed, offset by its
+            # start, and the steps its sitting resumed from.
+            "seeds": {"seed": self.config.seed, "resumed_steps": self.pool.resumed_steps},
         }
 
     def stop(self) -> None:

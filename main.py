@@ -462,7 +462,7 @@ class Launcher:
         part: str = "all",
         extra_slots: int = 0,
         earlier_logs: Path | None = None,
-        sitting: int | None = None,
+        resumed_steps: int | None = None,
     ):
         """Hold what the children get; nothing starts and no file is written until `run`.
 
@@ -480,7 +480,7 @@ class Launcher:
                 other nodes' steps there, so its workers see the cluster's total).
             earlier_logs: the resumed sittings' ``--log-dir``, where it is another
                 (`earlier_log_dir`): the run record goes on from theirs.
-            sitting: the run's steps when this sitting began, for the children's seeds
+            resumed_steps: the steps this sitting resumed from, for the children's seeds
                 (`ProcessStart`; default: those of `resumed`, else 0).
         """
         if part not in PARTS:
@@ -520,9 +520,9 @@ class Launcher:
             *(Child(rank) for rank in range(config.workers if part != "test" else 0)),
         ]
         self.processes: dict[Child, mp.process.BaseProcess] = {}
-        if sitting is None:
-            sitting = 0 if resumed is None else resumed.steps
-        self.sitting = sitting
+        if resumed_steps is None:
+            resumed_steps = 0 if resumed is None else resumed.steps
+        self.resumed_steps = resumed_steps
         self.starts: dict[Child, int] = {}  # each child's starts so far, for its seeds
         self.deaths: dict[Child, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}
@@ -613,7 +613,7 @@ class Launcher:
         draws seeds of its own.
         """
         monitor = self.monitor
-        start = ProcessStart(self.sitting, self.starts.get(child, 0))
+        start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
         if child.is_test:
             return test, (
                 self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,

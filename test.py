@@ -76,7 +76,7 @@ def run_test(
     for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
 
-    torch_seed, game_seed = (config.seed,) * 2 if start.first else start.seeds(config.seed, 0, 2)
+    torch_seed, game_seed = (config.seed,) * 2 if start.first else start.seeds(config.seed, None, 2)
     torch.manual_seed(torch_seed)
     env = make_env(
         config.env, env_conf, config.max_episode_length, config.frame_skip,

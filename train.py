@@ -443,7 +443,7 @@ def worker_seeds(
     """
     if start.first:
         return seed + rank, [seed + rank + k * workers for k in range(envs)]
-    torch_seed, *env_seeds = start.seeds(seed, rank + 1, envs + 1)
+    torch_seed, *env_seeds = start.seeds(seed, rank, envs + 1)
     return torch_seed, env_seeds
 
 

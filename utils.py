@@ -130,27 +130,29 @@ class ProcessStart:
     action draws the run began with. A state resumed twice draws the same seeds both times.
 
     Attributes:
-        sitting: the run's agent steps when this sitting began (0: a fresh run).
+        resumed_steps: the agent steps this sitting resumed from (0: a fresh run, or one from
+            a ``.dat`` alone).
         count: the child's earlier starts in this sitting (0: its first).
     """
 
-    sitting: int = 0
+    resumed_steps: int = 0
     count: int = 0
 
     @property
     def first(self) -> bool:
         """A fresh run's first start: the plain seeds."""
-        return self.sitting == 0 and self.count == 0
+        return self.resumed_steps == 0 and self.count == 0
 
-    def seeds(self, seed: int, process: int, number: int) -> list[int]:
-        """`number` seeds in 0..2**32-1, drawn from `seed`, `process` and this start.
+    def seeds(self, seed: int, rank: int | None, number: int) -> list[int]:
+        """`number` seeds in 0..2**32-1, drawn from `seed`, the process and this start.
 
         Args:
             seed: the run's ``--seed`` (a cluster node's, offset by its start).
-            process: 0 for the test process, ``rank + 1`` for training worker `rank`.
+            rank: the training worker's rank; None for the test process.
             number: how many seeds.
         """
-        spawn_key = (process, self.sitting, self.count)
+        process = 0 if rank is None else rank + 1
+        spawn_key = (process, self.resumed_steps, self.count)
         words = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(number)
         return [int(word) for word in words]
 

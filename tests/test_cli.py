@@ -378,7 +378,7 @@ def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:
         assert launcher.monitor.rewards == saved["test_rewards"] != []
         assert launcher.tensorboard_dir == saved["tensorboard_dir"]
         # Each child's seeds are its sitting's own (not the run's first: `ProcessStart`).
-        resumed_start = ProcessStart(sitting=saved["steps"], count=0)
+        resumed_start = ProcessStart(resumed_steps=saved["steps"], count=0)
         for rank in range(launcher.config.workers):
             _, worker_args = launcher.process_target(Child(rank), launcher.ctx)
             assert worker_args[-2:] == (saved["normalizers"][str(rank)], resumed_start)

@@ -868,6 +868,10 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert all(cluster["finished"][i]["matches_server"] is True for i in ids)
     # The nodes ran the copy of the code Ray shipped to them, not this checkout.
     assert all(Path(cluster["finished"][i]["code"]) != ROOT.resolve() for i in ids)
+    # A fresh run's nodes seed from --seed, each offset by its start.
+    first_seeds = [cluster["finished"][i]["seeds"] for i in ids]
+    assert sorted(s["seed"] for s in first_seeds) == [1, 2]  # --seed 1, one worker x one env
+    assert all(s["resumed_steps"] == 0 for s in first_seeds)
     assert record["finished"]["steps"] >= 800 and record["finished"]["exit_code"] == 0
 
     evaluated = script_here(
@@ -895,6 +899,9 @@ def test_pong_on_two_nodes_exchanges_finishes_and_resumes(ray_cluster, tmp_path)
     assert all(count >= 2 for count in cluster["pushes_per_node"].values())
     # fp16 exchanges, and still the server's weights exactly after each node's last one.
     assert all(cluster["finished"][i]["matches_server"] is True for i in ids)
+    # The resumed nodes' workers drew seeds of their own, from the steps resumed from.
+    steps = record["finished"]["steps"]
+    assert all(cluster["finished"][i]["seeds"]["resumed_steps"] == steps > 0 for i in ids)
     # Per node: the first answer is the float32 weights (2 + 4 bytes a weight), the middle
     # exchanges fp16 both ways (2 + 2), the last float32 both ways (4 + 4).
     pushes = sum(cluster["pushes_per_node"].values())

@@ -1312,6 +1312,37 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
     assert saved == [3.0, 4.0, 4.0]
 
 
+@pytest.mark.parametrize("start", [FIRST_START, ProcessStart(5000, 0), ProcessStart(0, 2)])
+def test_the_test_process_seeds_its_first_game_by_its_start(tmp_path, monkeypatch, start):
+    """A fresh run's test process seeds torch and its first game with --seed; a resumed or
+    restarted one with its own seeds; the games after the first go on unseeded."""
+    import test as test_process
+    from player_util import GAME_OVER, STOPPED, GameResult
+
+    launcher = prepare(parse_train_args([*PONG_SMALL, *folders(tmp_path), "--seed", "7"]))
+    ctx = ProcessContext.create(mp.get_context("spawn"))
+    seeds: list[tuple[int | None, int]] = []
+
+    def play_game(_player, seed, _stall_steps, should_stop):
+        seeds.append((seed, torch.initial_seed()))
+        if len(seeds) == 2:
+            ctx.request_stop()
+            return GameResult(0.0, 0, STOPPED, 0)
+        return GameResult(1.0, 100, GAME_OVER, 0)
+
+    monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
+    monkeypatch.setattr(test_process, "save_atomic", lambda _state, _path: None)
+    test_process.run_test(
+        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.shared_model, ctx, steps_at_start=0, start=start,
+    )  # fmt: skip
+    torch_seed, game_seed = (7, 7) if start == FIRST_START else start.seeds(7, None, 2)
+    assert seeds == [(game_seed, torch_seed), (None, torch_seed)]
+    assert start == FIRST_START or 7 not in (torch_seed, game_seed)
+    if launcher.monitor.writer is not None:
+        launcher.monitor.writer.close()
+
+
 @pytest.mark.parametrize("load", [False, True])
 def test_the_test_games_of_a_fresh_runs_untrained_weights_save_nothing(tmp_path, monkeypatch, load):
     """Before a fresh run's first step its weights are random: a game of them must not

@@ -200,9 +200,9 @@ def test_same_seed_gives_identical_losses_on_pong():
     assert other != first
     # A resumed sitting's worker (same weights, same --seed) plays other games, and the same
     # state resumed again plays the same ones.
-    resumed, _ = worker_losses(args, updates=4, start=ProcessStart(sitting=4000))
+    resumed, _ = worker_losses(args, updates=4, start=ProcessStart(resumed_steps=4000))
     assert resumed != first
-    assert worker_losses(args, updates=4, start=ProcessStart(sitting=4000))[0] == resumed
+    assert worker_losses(args, updates=4, start=ProcessStart(resumed_steps=4000))[0] == resumed
 
 
 def test_worker_seeds_are_the_originals_at_first_and_new_at_every_later_start():
@@ -221,7 +221,7 @@ def test_worker_seeds_are_the_originals_at_first_and_new_at_every_later_start():
     # the same run started again, seeds alike; another --seed seeds otherwise.
     assert worker_seeds(7, 1, 3, 4, ProcessStart(5000, 0)) == drawn[3 * 3 + 1]
     assert worker_seeds(8, 1, 3, 4, ProcessStart(5000, 0)) != drawn[3 * 3 + 1]
-    assert ProcessStart(5000, 0).seeds(7, 0, 2) != ProcessStart(5000, 0).seeds(7, 1, 2)
+    assert ProcessStart(5000, 0).seeds(7, None, 2) != ProcessStart(5000, 0).seeds(7, 0, 2)
 
 
 def test_worker_changes_the_shared_model():
