@@ -1204,11 +1204,12 @@ def test_each_start_of_a_child_is_given_its_own_seeds(tmp_path):
         return _exit_with, (0,)
 
     launcher.process_target = quick_target
-    for child in (Child(0), Child(None), Child(0)):  # the second Child(0): a restart
+    for child in (Child(0), Child(None), Child(0), Child(None)):  # the second each: a restart
         launcher._start(child)
         launcher.processes[child].join(30)
     assert given == [
-        (Child(0), FIRST_START), (Child(None), FIRST_START), (Child(0), ProcessStart(0, 1))
+        (Child(0), FIRST_START), (Child(None), FIRST_START),
+        (Child(0), ProcessStart(0, 1)), (Child(None), ProcessStart(0, 1)),
     ]  # fmt: skip
     restarted, first = (train.worker_seeds(1, 0, 1, 1, given[i][1]) for i in (2, 0))
     assert restarted != first == (1, [1])
