@@ -45,6 +45,7 @@ from tests.conftest import (
     load_pong_dat,
     main_here,
     requires_bf16_cpu,
+    requires_cuda,
     run_cli,
     script_here,
     wait_group_gone,
@@ -357,6 +358,52 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
         ["--env", PONG, "--hidden-size", "64", *skip, *load], monkeypatch, capsys
     )
     assert code == 2 and "saved with --hidden-size 32; this run uses 64" in stderr
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@requires_cuda
+def test_a_gpu_run_trains_resumes_and_gym_eval_plays_it_on_the_gpu(tmp_path):
+    """What a user with a GPU types: ``--gpu-ids 0`` for the workers and the test process,
+    ``--load`` going on from the training state there, ``gym_eval.py --gpu-id 0``; the files
+    it writes hold CPU tensors, so a machine without a GPU reads them."""
+    flags = [
+        *PONG_FLAGS, "--workers", "2", "--gpu-ids", "0", "--envs-per-worker", "4",
+        "--test-interval", "0", *folders(tmp_path),
+    ]  # fmt: skip
+    result = run_cli("main.py", *flags, "--max-steps", "1500")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "on GPU 0; Ctrl-C stops and saves" in result.stderr
+    record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
+    assert record["config"]["gpu_ids"] == [0]
+    assert torch.cuda.get_device_name(0) in record["hardware"]
+    assert "episode reward" in (tmp_path / "logs" / f"{PONG}_log").read_text()  # on the GPU
+    dat = tmp_path / "models" / f"{PONG}.dat"
+    weights = torch.load(dat, weights_only=True)
+    assert all(t.device.type == "cpu" and torch.isfinite(t).all() for t in weights.values())
+    state_path = tmp_path / "models" / f"{PONG}_state.pt"
+    saved = TrainingState.read_file(state_path)  # no map_location: as it was saved
+    tensors = [*saved["model"].values()]
+    tensors += [t for entry in saved["optimizer"]["state"].values() for t in entry.values()]
+    assert len(tensors) > 20 and all(t.device.type == "cpu" for t in tensors)
+
+    width = flags.index("--hidden-size")  # left out: --load reads the state's
+    load = ["--load", "--load-model-dir", str(tmp_path / "models")]
+    resume = [*flags[:width], *flags[width + 2 :], *load, "--max-steps", "2500"]
+    result = run_cli("main.py", *resume)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from {state_path}" in result.stderr
+    assert TrainingState.read_file(state_path)["steps"] >= 2500
+
+    result = script_here(
+        "gym_eval.py", "--env", PONG, "--num-episodes", "2", "--hidden-size", "32",
+        "--max-episode-length", "60", "--gpu-id", "0", "--model", str(dat),
+        "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
+    assert summary["games"] == 2 and summary["model_sha256"] == file_sha256(dat)
 
 
 def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:

@@ -207,17 +207,23 @@ def test_receive_reads_a_bounded_number_of_reports_per_pipe_per_call():
 # -- GPU settings, checked without a GPU ---------------------------------------------------------
 
 
-def test_fp32_on_a_gpu_means_no_tf32(monkeypatch):
+def test_fp32_on_a_gpu_means_no_tf32():
     import torch
 
     from utils import set_fp32_policy
 
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    set_fp32_policy(torch.device("cpu"))  # the CPU has no TF32: nothing changes
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-    set_fp32_policy(torch.device("cuda", 0))
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    # Set and put back by hand: these flags live behind the modules' __setattr__, which
+    # pytest's monkeypatch (9.2 and later) undoes by deleting the attribute, an error there.
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        set_fp32_policy(torch.device("cpu"))  # the CPU has no TF32: nothing changes
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+        set_fp32_policy(torch.device("cuda", 0))
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
 @pytest.mark.parametrize(
