@@ -42,6 +42,7 @@ from tests.conftest import (
     ROOT,
     folders,
     group_alive,
+    live_processes,
     load_pong_dat,
     main_here,
     requires_bf16_cpu,
@@ -364,26 +365,49 @@ def test_pong_run_finishes_by_itself_and_gym_eval_reads_it(tmp_path, monkeypatch
 @pytest.mark.gpu
 @requires_cuda
 def test_a_gpu_run_trains_resumes_and_gym_eval_plays_it_on_the_gpu(tmp_path):
-    """What a user with a GPU types: ``--gpu-ids 0`` for the workers and the test process,
-    ``--load`` going on from the training state there, ``gym_eval.py --gpu-id 0``; the files
-    it writes hold CPU tensors, so a machine without a GPU reads them."""
+    """What a user with a GPU types: ``--gpu-ids 0`` puts the workers and the test process
+    on the GPU (seen by nvidia-smi while it trains), ``--load`` goes on from the training
+    state, ``gym_eval.py --gpu-id 0`` plays there; the files hold CPU tensors, so a machine
+    without a GPU reads them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # as test_benchmarks.py does
+    from bench_training import gpu_memory_mib, role
+
     flags = [
         *PONG_FLAGS, "--workers", "2", "--gpu-ids", "0", "--envs-per-worker", "4",
         "--test-interval", "0", *folders(tmp_path),
     ]  # fmt: skip
-    result = run_cli("main.py", *flags, "--max-steps", "1500")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert "on GPU 0; Ctrl-C stops and saves" in result.stderr
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "main.py", *flags, "--max-steps", "1500"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True,
+        )  # fmt: skip
+    on_gpu: set[str] = set()  # the roles of the run's processes that hold GPU memory
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            table = live_processes()
+            run = {pid: cmd for pid, (_, group, cmd) in table.items() if group == proc.pid}
+            on_gpu |= {role(run[pid]) for pid in gpu_memory_mib() if pid in run}
+            time.sleep(0.5)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = err.read_text()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert {"worker", "test"} <= on_gpu, on_gpu
+    assert "on GPU 0; Ctrl-C stops and saves" in stderr
     record = json.loads((tmp_path / "logs" / f"{PONG}_run.json").read_text())
     assert record["config"]["gpu_ids"] == [0]
     assert torch.cuda.get_device_name(0) in record["hardware"]
-    assert "episode reward" in (tmp_path / "logs" / f"{PONG}_log").read_text()  # on the GPU
+    assert "episode reward" in (tmp_path / "logs" / f"{PONG}_log").read_text()
     dat = tmp_path / "models" / f"{PONG}.dat"
-    weights = torch.load(dat, weights_only=True)
-    assert all(t.device.type == "cpu" and torch.isfinite(t).all() for t in weights.values())
     state_path = tmp_path / "models" / f"{PONG}_state.pt"
-    saved = TrainingState.read_file(state_path)  # no map_location: as it was saved
+    weights = torch.load(dat, weights_only=True)  # no map_location: as they were saved
+    assert all(t.device.type == "cpu" and torch.isfinite(t).all() for t in weights.values())
+    saved = torch.load(state_path, weights_only=True)
     tensors = [*saved["model"].values()]
     tensors += [t for entry in saved["optimizer"]["state"].values() for t in entry.values()]
     assert len(tensors) > 20 and all(t.device.type == "cpu" for t in tensors)
@@ -396,12 +420,14 @@ def test_a_gpu_run_trains_resumes_and_gym_eval_plays_it_on_the_gpu(tmp_path):
     assert f"resumed from {state_path}" in result.stderr
     assert TrainingState.read_file(state_path)["steps"] >= 2500
 
-    result = script_here(
+    torch.cuda.reset_peak_memory_stats(0)
+    result = script_here(  # in this process: its GPU memory is this process's
         "gym_eval.py", "--env", PONG, "--num-episodes", "2", "--hidden-size", "32",
         "--max-episode-length", "60", "--gpu-id", "0", "--model", str(dat),
         "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
+    assert torch.cuda.max_memory_allocated(0) > 0
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())
     assert summary["games"] == 2 and summary["model_sha256"] == file_sha256(dat)
 

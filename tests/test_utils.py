@@ -212,8 +212,9 @@ def test_fp32_on_a_gpu_means_no_tf32():
 
     from utils import set_fp32_policy
 
-    # Set and put back by hand: these flags live behind the modules' __setattr__, which
-    # pytest's monkeypatch (9.2 and later) undoes by deleting the attribute, an error there.
+    # Set and put back by hand: torch.backends.cuda.matmul serves allow_tf32 through
+    # __getattr__/__setattr__, and pytest 9.2's monkeypatch undoes it by deleting the
+    # attribute, an error there.
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = matmul.allow_tf32, cudnn.allow_tf32
     try:

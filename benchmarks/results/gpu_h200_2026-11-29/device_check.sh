@@ -2,7 +2,10 @@
 # Device check, 2026-11-29 (one call): the GPU tests (with the end-to-end run of
 # `main.py --gpu-ids 0`, its --load and `gym_eval.py --gpu-id 0`), the rest of the suite but the
 # cluster's (no Ray there) on a machine where CUDA is available, then 16 GPU workers (K=16,
-# fp32) without and with CUDA's multi-process service (MPS), in windows of 50 s.
+# fp32) without and with CUDA's multi-process service (MPS), 75-s runs with 25 s of warm-up
+# (their timed windows came to 35-40 s). Committed under other names: pytest_rest.txt as
+# pytest_rest_n8.txt (its pytest-benchmark warnings dropped). The "== ..." markers appended to
+# dmon.txt were overwritten by dmon's own writes (its file was opened with >, not >>).
 t0=$(date +%s); mark() { echo "$1 at $(( $(date +%s) - t0 )) s" >> $OUT/machine.txt; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
 export PYTHONUNBUFFERED=1
