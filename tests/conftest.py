@@ -7,9 +7,12 @@ import dataclasses
 import importlib
 import io
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -97,6 +100,22 @@ def run_cli(script: str, *flags: str, timeout: float = 300) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def main_py_running(flags: list[str], stderr_file: Path) -> Iterator[subprocess.Popen]:
+    """``python main.py *flags`` in a session of its own while the block runs, its stderr in
+    `stderr_file` (read while it runs); its process group is killed if it outlives the block."""
+    with stderr_file.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "main.py", *flags],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main_here(flags: list[str], monkeypatch, capsys, through_cli: bool = False) -> tuple[int, str]:

@@ -45,6 +45,7 @@ from tests.conftest import (
     live_processes,
     load_pong_dat,
     main_here,
+    main_py_running,
     requires_bf16_cpu,
     requires_cuda,
     run_cli,
@@ -377,13 +378,8 @@ def test_a_gpu_run_trains_resumes_and_gym_eval_plays_it_on_the_gpu(tmp_path):
         "--test-interval", "0", *folders(tmp_path),
     ]  # fmt: skip
     err = tmp_path / "stderr.txt"
-    with err.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "main.py", *flags, "--max-steps", "1500"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True,
-        )  # fmt: skip
     on_gpu: set[str] = set()  # the roles of the run's processes that hold GPU memory
-    try:
+    with main_py_running([*flags, "--max-steps", "1500"], err) as proc:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
             table = live_processes()
@@ -391,9 +387,6 @@ def test_a_gpu_run_trains_resumes_and_gym_eval_plays_it_on_the_gpu(tmp_path):
             on_gpu |= {role(run[pid]) for pid in gpu_memory_mib() if pid in run}
             time.sleep(0.5)
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     stderr = err.read_text()
     assert proc.returncode == 0, stderr[-2000:]
     assert "Traceback" not in stderr
@@ -872,17 +865,12 @@ def test_gym_eval_render_without_display_says_so(tmp_path):
 @pytest.mark.parametrize("how", ["ctrl-c to the group", "sigterm to the launcher"])
 def test_signal_stops_every_process_and_saves(tmp_path, how):
     err = tmp_path / "stderr.txt"  # a file: read while it runs (status lines go to the terminal)
-    with err.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "main.py", *PONG_FLAGS, "--workers", "2", "--test-interval", "60",
-             "--status-interval", "1", *folders(tmp_path)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, text=True, start_new_session=True,
-        )  # fmt: skip
+    flags = [*PONG_FLAGS, "--workers", "2", "--test-interval", "60", "--status-interval", "1"]
 
     def trained() -> bool:  # a status line counts steps: the workers are training
         return re.search(r" : status .*\| steps [1-9]", err.read_text()) is not None
 
-    try:
+    with main_py_running([*flags, *folders(tmp_path)], err) as proc:
         deadline = time.monotonic() + 60
         while not (len(group_alive(proc.pid)) >= 4 and trained()) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -892,9 +880,6 @@ def test_signal_stops_every_process_and_saves(tmp_path, how):
         else:
             os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     stderr = err.read_text()
     assert proc.returncode == 0, stderr[-2000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
