@@ -355,6 +355,7 @@ def play_games(
     log: logging.Logger,
     should_stop: Callable[[], bool] | None = None,
     wrap_env: Callable[[gym.Env], gym.Env] | None = None,
+    watch_model: Callable[[ActorCriticLSTM], None] | None = None,
 ) -> None:
     """Play `games` (game numbers, 1 = the first of the evaluation) one after another here.
 
@@ -368,6 +369,7 @@ def play_games(
         should_stop: asked before every step; True ends the game being played and the rest.
         wrap_env: wraps the played env (outermost) to watch the games; not the ``--render``
             window's.
+        watch_model: called with the network once it holds the weights (to hook its forward).
     """
     stem = env_file_stem(args.env)
     env_conf = crop_settings(args.env_config, args.env)
@@ -383,6 +385,8 @@ def play_games(
     model.to(device).eval()
     if model.channels_last_suits(device):
         model.use_channels_last()
+    if watch_model is not None:
+        watch_model(model)
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     fps = real_time_fps(args.env, args.frame_skip, env)  # recordings play at the game's speed
     player = GreedyPlayer(model, env, device)

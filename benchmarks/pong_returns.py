@@ -20,6 +20,14 @@ are known: ALE's stickiness is off and each raw frame plays, with probability
 reset, the previous action is NOOP), which is what ALE does, with this script's random
 numbers (seeded with ``--seed``). Pong ids whose ALE plays every frame only (the
 ``NoFrameskip`` ones): the RAM addresses are Pong's (paddle y 51, ball x 49, ball y 54).
+Each contact also carries the policy (the softmax over the six actions) of the decisions
+behind the frames 64, 32, 16, 8, 4 and 0 before it, and the report gives, per kind of ball,
+its mean entropy and the mean probability of moving the paddle up (RIGHT, RIGHTFIRE) and down
+(LEFT, LEFTFIRE) there: where the agent is sure of its move and where it does not care.
+``--sample-actions`` plays the action drawn from that softmax instead of its argmax (the
+policy the workers train on, where gym_eval.py plays the greedy one), with draws seeded from
+``--seed``.
+
 ``--out FILE`` also writes every contact as JSON. ``--processes``, ``--render``,
 ``--new-gym-eval`` and ``--demo`` are refused.
 """
@@ -35,6 +43,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,6 +61,8 @@ PADDLE_COLUMN = 189  # ball x past this has passed the agent's paddle
 TURN_ZONE = (170, 200)  # ball x where a turn back is the agent's return
 STUCK_WINDOW = 40  # frames before a contact in which stickiness is counted
 PATH_FRAMES = (32, 16, 8, 4, 0)  # frames before a contact at which the paddle's y is noted
+POLICY_FRAMES = (64, 32, 16, 8, 4, 0)  # frames before a contact whose decision's policy is noted
+UP, DOWN = (2, 4), (3, 5)  # Pong's RIGHT(FIRE) moves the agent's paddle up, LEFT(FIRE) down
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Frame:
     paddle_y: int
     ball_x: int
     ball_y: int
+    policy: tuple[float, ...] = ()  # the softmax of the decision that chose `chosen`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +88,7 @@ class Contact:
     stuck: int  # frames in the STUCK_WINDOW before it where stickiness changed the action
     frame: int  # the frame's index in the game
     paddle_path: tuple[int, ...]  # the paddle's y PATH_FRAMES before it
+    policy_path: tuple[tuple[float, ...], ...] = ()  # the policy POLICY_FRAMES before it
 
 
 def contacts(frames: list[Frame]) -> list[Contact]:
@@ -94,32 +107,73 @@ def contacts(frames: list[Frame]) -> list[Contact]:
     def path(i: int) -> tuple[int, ...]:
         return tuple(frames[max(0, i - k)].paddle_y for k in PATH_FRAMES)
 
+    def policies(i: int) -> tuple[tuple[float, ...], ...]:
+        return tuple(frames[max(0, i - k)].policy for k in POLICY_FRAMES)
+
     for i, frame in enumerate(frames):
         serve = last_point > 0 and returned_since == 0
         if i >= 2 and frames[i - 2].ball_x < frames[i - 1].ball_x > frame.ball_x:
             turn = frames[i - 1]
             if TURN_ZONE[0] <= turn.ball_x <= TURN_ZONE[1]:
                 offset = turn.ball_y - turn.paddle_y
-                found.append(Contact(True, serve, offset, stuck_before(i - 1), i - 1, path(i - 1)))
+                found.append(
+                    Contact(True, serve, offset, stuck_before(i - 1), i - 1, path(i - 1),
+                            policies(i - 1))
+                )  # fmt: skip
                 returned_since += 1
         if frame.reward < 0:
             j = i
             while j > 0 and frames[j].ball_x > PADDLE_COLUMN:
                 j -= 1
             offset = frames[j].ball_y - frames[j].paddle_y
-            found.append(Contact(False, serve, offset, stuck_before(j), j, path(j)))
+            found.append(Contact(False, serve, offset, stuck_before(j), j, path(j), policies(j)))
         if frame.reward:
             last_point, returned_since = int(np.sign(frame.reward)), 0
     return found
 
 
+class PolicyRecorder:
+    """Notes the policy of each decision the network makes; may play a sampled action instead.
+
+    Hooked on the network's forward (`attach`), so the greedy player plays on unchanged: with
+    `sample`, the logits it takes the argmax of are replaced by ones whose argmax is the
+    action drawn from the softmax.
+    """
+
+    def __init__(self, sample: bool, seed: int):
+        """Play drawn actions when `sample`, drawn from a generator seeded with `seed`."""
+        self.sample = sample
+        self.generator = torch.Generator().manual_seed(seed)
+        self.latest: tuple[float, ...] = ()
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Hook `model`'s forward (one env's step: value, logits, hx, cx)."""
+        model.register_forward_hook(self.seen)
+
+    def seen(self, module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+        """The forward hook: note the softmax; return the output to play (None: unchanged)."""
+        value, logits, hx, cx = output
+        probs = torch.softmax(logits.detach().float().cpu(), dim=1)[0]
+        self.latest = tuple(probs.tolist())
+        if not self.sample:
+            return None
+        action = int(torch.multinomial(probs, 1, generator=self.generator))
+        drawn = torch.full_like(logits, float("-inf"))
+        drawn[0, action] = 0.0
+        return value, drawn, hx, cx
+
+
 class StickyRecorder:
     """Plays each raw frame with stickiness done here and records it (see the module doc)."""
 
-    def __init__(self, probability: float, seed: int):
-        """Stickiness `probability` per frame, drawn from a generator seeded with `seed`."""
+    def __init__(self, probability: float, seed: int, policy: PolicyRecorder | None = None):
+        """Stickiness `probability` per frame, drawn from a generator seeded with `seed`.
+
+        Each frame notes `policy`'s latest decision (none without it).
+        """
         self.probability = probability
         self.rng = np.random.default_rng(seed)
+        self.policy = policy
         self.frames: list[Frame] = []
         self.previous = 0
 
@@ -136,12 +190,14 @@ class StickyRecorder:
             ram = atari.ale.getRAM()
             self.frames.append(
                 Frame(chosen, played, float(result[1]), int(ram[PADDLE_Y]), int(ram[BALL_X]),
-                      int(ram[BALL_Y]))
+                      int(ram[BALL_Y]), self.policy.latest if self.policy else ())
             )  # fmt: skip
             return result
 
         def sticky_reset(**kwargs: Any) -> Any:
             self.previous = 0
+            if self.policy is not None:
+                self.policy.latest = ()  # the no-op starts' frames belong to no decision
             return reset(**kwargs)
 
         atari.step, atari.reset = sticky_step, sticky_reset
@@ -175,7 +231,35 @@ def summary(found: list[Contact]) -> list[str]:
                 f"ball y - paddle y: {offsets}; paddle y {PATH_FRAMES} frames before, "
                 f"mean: {path}"
             )
+            policy = policy_means(picked)
+            if policy:
+                lines.append(f"  policy {POLICY_FRAMES} frames before, mean: {policy}")
     return lines
+
+
+def policy_means(picked: list[Contact]) -> str:
+    """The mean entropy (nats), P(up) and P(down) of `picked`'s policies at each POLICY_FRAMES.
+
+    Empty where a contact has no policy noted at one of them (none recorded, or the game's
+    no-op start).
+    """
+    if not picked or not all(
+        len(c.policy_path) == len(POLICY_FRAMES) and all(c.policy_path) for c in picked
+    ):
+        return ""
+    probs = np.array([c.policy_path for c in picked])  # contacts x POLICY_FRAMES x actions
+    entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(-1).mean(0)
+    up, down = probs[..., list(UP)].sum(-1).mean(0), probs[..., list(DOWN)].sum(-1).mean(0)
+    return "; ".join(
+        f"H {h:.2f} up {u:.2f} down {d:.2f}" for h, u, d in zip(entropy, up, down, strict=True)
+    )
+
+
+def as_row(contact: Contact) -> dict[str, Any]:
+    """`contact` as a JSON row, its probabilities to 4 decimals."""
+    row = dataclasses.asdict(contact)
+    row["policy_path"] = [[round(p, 4) for p in policy] for policy in contact.policy_path]
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,15 +268,19 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
+    sample = "--sample-actions" in argv
     try:
-        args, out = parse_watch_args(argv, "pong_returns.py")
+        args, out = parse_watch_args(
+            [a for a in argv if a != "--sample-actions"], "pong_returns.py"
+        )
         check_env(args.env)
     except UsageError as error:
         print(f"pong_returns.py: error: {error}", file=sys.stderr)
         return 2
     register_games()
     probability = sticky_probability(args.env, args.repeat_action_probability)
-    recorder = StickyRecorder(probability, args.seed)
+    policy = PolicyRecorder(sample, args.seed)
+    recorder = StickyRecorder(probability, args.seed, policy)
     games: list[list[Contact]] = []
 
     def report(game: int, result: GameResult) -> None:
@@ -206,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         play_games(
             ale_off, model, range(1, args.num_episodes + 1), args.seed, report,
             logging.getLogger("a3g.pong_returns"), wrap_env=recorder.attach,
+            watch_model=policy.attach,
         )  # fmt: skip
     except UsageError as error:
         print(f"pong_returns.py: error: {error}", file=sys.stderr)
@@ -214,11 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         print("pong_returns.py: interrupted; nothing written", file=sys.stderr)
         return INTERRUPTED_EXIT
     found = [c for game in games for c in game]
-    print(f"{len(games)} games, sticky actions {probability:g} (done here, not by ALE)")
+    actions = "sampled" if sample else "greedy"
+    print(
+        f"{len(games)} games, sticky actions {probability:g} (done here, not by ALE), "
+        f"{actions} actions"
+    )
     print("\n".join(summary(found)))
     if out is not None:
-        rows = [[dataclasses.asdict(c) for c in game] for game in games]
-        write_json_atomic({"sticky": probability, "games": rows}, out)
+        rows = [[as_row(c) for c in game] for game in games]
+        write_json_atomic({"sticky": probability, "actions": actions, "games": rows}, out)
     return 0
 
 

@@ -7,6 +7,7 @@ configurations before the bad one have run for many minutes, or with a figure th
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -606,6 +607,33 @@ def test_pong_returns_finds_returns_and_misses_and_marks_the_serve():
     assert [(c.returned, c.serve) for c in lost_first] == [(False, False)]
 
 
+def test_pong_returns_notes_the_policy_before_each_contact():
+    sure_down = (0.0, 0.0, 0.0, 0.5, 0.0, 0.5)  # LEFT and LEFTFIRE move the paddle down
+    even = (1 / 6,) * 6
+    frames = [_frame(100)] * 70 + [_frame(180), _frame(186), _frame(182)]  # turns back at 186
+    frames = [dataclasses.replace(f, policy=even) for f in frames]
+    frames[71] = dataclasses.replace(frames[71], policy=sure_down)  # 0 frames before contact
+    (contact,) = pong_returns.contacts(frames)
+    assert contact.frame == 71 and contact.policy_path == (even,) * 5 + (sure_down,)
+    line = pong_returns.policy_means([contact])
+    assert line.split("; ")[0] == "H 1.79 up 0.33 down 0.33"
+    assert line.split("; ")[-1] == "H 0.69 up 0.00 down 1.00"
+    assert pong_returns.policy_means([dataclasses.replace(contact, policy_path=())]) == ""
+
+
+def test_pong_returns_plays_the_argmax_or_a_draw_from_the_softmax():
+    logits = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3, 0.0, 0.0]]))
+    output = (torch.zeros(1, 1), logits, torch.zeros(1, 4), torch.zeros(1, 4))
+    greedy = pong_returns.PolicyRecorder(sample=False, seed=1)
+    assert greedy.seen(None, (), output) is None  # the greedy player's output unchanged
+    assert greedy.latest == pytest.approx((0.1, 0.0, 0.6, 0.3, 0.0, 0.0))
+    sampled = pong_returns.PolicyRecorder(sample=True, seed=1)
+    played = [int(sampled.seen(None, (), output)[1].argmax(1)) for _ in range(3000)]
+    counts = collections.Counter(played)
+    assert set(counts) == {0, 2, 3}  # never an action of probability 0
+    assert 0.55 < counts[2] / 3000 < 0.65 and 0.25 < counts[3] / 3000 < 0.35
+
+
 def test_pong_returns_does_stickiness_as_ale_does():
     class Atari(gym.Env):
         def __init__(self):
@@ -649,9 +677,16 @@ def test_pong_returns_plays_real_pong_and_refuses_bad_input_in_one_line(tmp_path
     )
     written = json.loads(out.read_text())
     assert written["sticky"] == 0.25 and len(written["games"]) == 1
+    assert written["actions"] == "greedy"
     assert any(not c["returned"] for c in written["games"][0])  # an untrained agent misses
+    assert all(sum(c["policy_path"][-1]) == pytest.approx(1, abs=1e-3) for c in written["games"][0])
     printed = capsys.readouterr().out
-    assert "1 games, sticky actions 0.25 (done here, not by ALE)" in printed
+    assert "1 games, sticky actions 0.25 (done here, not by ALE), greedy actions" in printed
+    assert "  policy (64, 32, 16, 8, 4, 0) frames before, mean: H " in printed
+    model_flag = ["--model", str(tmp_path / "pong.dat")]
+    assert pong_returns.main([*flags, *model_flag, "--sample-actions", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["actions"] == "sampled"
+    assert "greedy" not in capsys.readouterr().out
     assert pong_returns.main([*flags, "--model", str(tmp_path / "missing.dat")]) == 2
     assert pong_returns.main([*flags[2:], "--env", "ALE/Pong-v5"]) == 2
     assert pong_returns.main([*flags[2:], "--env", "BreakoutNoFrameskip-v4"]) == 2
