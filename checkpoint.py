@@ -302,25 +302,31 @@ def loaded_hidden_size(paths: RunPaths) -> int | None:
     return saved_hidden_size(paths.load_model)
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
+def load_weights(model: nn.Module, path: str | Path, hint: str = "") -> None:
     """Load a ``.dat`` state_dict (ours or the original A3G's), or a training state's, into `model`.
 
     Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
+
+    Args:
+        model: the network to load into.
+        path: the file (``<load-model-dir><env>.dat`` unless the caller took another).
+        hint: what else the caller's user can do, added in brackets to a missing file's line.
 
     Raises:
         UsageError: the file is missing, unreadable, not a state_dict, or saved for another
             game (action count) or another ``--hidden-size``.
     """
     path = Path(path)
+    more = f" ({hint})" if hint else ""
     if path.parent.is_file():
         raise UsageError(
             f"--load-model-dir {str(path.parent)!r} is a file; give the folder holding "
-            f"{path.name} (gym_eval.py takes any file as --model)"
+            f"{path.name}{more}"
         )
     if not path.is_file():
         raise UsageError(
             f"checkpoint {str(path)!r} not found; train first, or point --load-model-dir at "
-            f"the folder holding {path.name} (gym_eval.py also takes any file as --model)"
+            f"the folder holding {path.name}{more}"
         )
     model.load_state_dict(check_state_dict(model, _stored_weights(path), path))
 

@@ -317,7 +317,7 @@ def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriti
     """
     hidden_size = args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
     model = build_model(env.observation_space, env.action_space, hidden_size)
-    load_weights(model, model_path)
+    load_weights(model, model_path, hint="gym_eval.py also takes any file as --model")
     return model
 
 

@@ -100,7 +100,11 @@ def resume_from(
         UsageError: a missing or unfit file, or a state saved for another game or optimizer.
     """
     if not paths.load_state.is_file():
-        load_weights(shared_model, paths.load_model)
+        load_weights(
+            shared_model,
+            paths.load_model,
+            hint=f"or its {paths.load_state.name}, which --load resumes from",
+        )
         log.info(
             f"loaded the weights alone from {paths.load_model} (no training state "
             f"{paths.load_state}: optimizer statistics, step counts and normalisers start afresh)"

@@ -293,10 +293,16 @@ def test_weights_load_from_a_training_state_too_and_a_file_as_folder_is_named(tm
     # --load-model-dir given a file: named as such, not "'x.dat/Pong.dat' not found"
     (tmp_path / "x.dat").write_bytes(b"PK")
     with pytest.raises(UsageError) as refused:
-        load_weights(model, tmp_path / "x.dat" / "Pong.dat")
+        load_weights(model, tmp_path / "x.dat" / "Pong.dat", hint="or that")
     assert str(refused.value) == (
         f"--load-model-dir {str(tmp_path / 'x.dat')!r} is a file; give the folder holding "
-        "Pong.dat (gym_eval.py takes any file as --model)"
+        "Pong.dat (or that)"
+    )
+    with pytest.raises(UsageError) as refused:
+        load_weights(model, tmp_path / "missing.dat")
+    assert str(refused.value) == (
+        f"checkpoint {str(tmp_path / 'missing.dat')!r} not found; train first, or point "
+        "--load-model-dir at the folder holding missing.dat"
     )
 
 

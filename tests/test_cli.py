@@ -103,7 +103,12 @@ from visualize import parse_log
         (["--vector-obs-norm"], "--vector-obs-norm applies to vector observations only, and Pong"),
         (["--optimizer", "RMSprop", "-a"], "--amsgrad is a variant of Adam and --optimizer is"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
-        (["--load", "--load-model-dir", "/nonexistent"], "checkpoint '/nonexistent/"),
+        (
+            ["--load", "--load-model-dir", "/nonexistent"],
+            "checkpoint '/nonexistent/PongNoFrameskip-v4.dat' not found; train first, or point "
+            "--load-model-dir at the folder holding PongNoFrameskip-v4.dat (or its "
+            "PongNoFrameskip-v4_state.pt, which --load resumes from)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, message):
