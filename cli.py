@@ -287,7 +287,9 @@ class EvalConfig(CommonConfig):
     new_gym_eval: bool = flag(
         False, "-nge", help="record every game as an MP4 video in --video-dir"
     )
-    video_dir: str = flag("", help="where --new-gym-eval writes (default <log-dir>videos/)")
+    video_dir: str | None = flag(
+        None, item=str, help="where --new-gym-eval writes (default <log-dir>videos/)"
+    )
     model: str | None = flag(
         None,
         item=str,
@@ -665,6 +667,7 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
     require_at_least("--processes", config.processes)
     _validate_common(config)
     _require_folders(config, "demo_dir")
+    _refuse_empty(config, "video_dir", "give a folder, or leave it out for <log-dir>videos/")
     _refuse_empty(
         config,
         "model",

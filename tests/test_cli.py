@@ -142,6 +142,17 @@ def test_an_empty_folder_flag_is_refused_not_the_current_folder(parse, flag_name
     )
 
 
+def test_an_empty_video_dir_is_refused_not_the_default_folder():
+    """``--video-dir "$VIDEOS"`` with VIDEOS unset wrote the videos under --log-dir unsaid."""
+    with pytest.raises(UsageError) as refused:
+        parse_eval_args(["--video-dir", ""])
+    assert str(refused.value) == (
+        "--video-dir is empty (an unset shell variable?); give a folder, or leave it out for "
+        "<log-dir>videos/"
+    )
+    assert parse_eval_args([]).video_dir is None
+
+
 @pytest.mark.parametrize("parse", [parse_train_args, parse_eval_args])
 def test_an_empty_env_config_is_refused_in_one_line(parse):
     """``--env-config "$CONF"`` with CONF unset said ``'.' cannot be read: Is a directory``."""
