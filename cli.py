@@ -109,7 +109,9 @@ class CommonConfig:
         f"evaluated file), else {HIDDEN_SIZE} (the original's and the shipped agents')",
     )
     load_model_dir: str = flag(
-        "trained_models/", "-lmd", help="folder holding <env>.dat (and <env>_state.pt)"
+        "trained_models/",
+        "-lmd",
+        help="folder holding <env>.dat (main.py --load resumes from <env>_state.pt there first)",
     )
     log_dir: str = flag("logs/", "-lg", "-lgd", help="folder of the logs and run records")
     vector_obs_norm: bool = flag(
