@@ -639,6 +639,7 @@ def evaluate(args: EvalConfig) -> dict:
                 play_games(args, model_path, games, args.seed, report, log)
     except KeyboardInterrupt:
         if not by_game:
+            log.warning("interrupted before any game ended: no summary saved")
             raise
         interrupted = True
         log.warning(

@@ -805,6 +805,26 @@ def test_ctrl_c_or_sigterm_ends_an_evaluation_with_the_games_that_ended_saved(
         assert wait_group_gone(run.pid, 20) == []
 
 
+def test_an_evaluation_stopped_before_its_first_game_ended_says_so_in_its_log(
+    tmp_path, monkeypatch, capsys
+):
+    """The log said only "evaluating ...", as if the evaluation were still going."""
+    import gym_eval
+
+    def ctrl_c_in_the_first_game(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gym_eval, "play_games", ctrl_c_in_the_first_game)
+    _tiny_pong_dat(tmp_path / "models")
+    flags = ["--env", PONG, "--hidden-size", "32", "--num-episodes", "3"]
+    flags += ["--log-dir", str(tmp_path / "logs"), "--load-model-dir", str(tmp_path / "models")]
+    assert gym_eval.main(flags) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "gym_eval.py: interrupted; no summary saved"
+    log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text().splitlines()
+    assert log[-1].endswith(" : interrupted before any game ended: no summary saved")
+    assert not (tmp_path / "logs" / f"{PONG}_eval.json").exists()
+
+
 def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replaces(
     tmp_path, monkeypatch
 ):
