@@ -60,6 +60,7 @@ from utils import (
     UsageError,
     check_gpus,
     check_writable,
+    refuse_folders_named_as,
     run_script,
     setup_logger,
     sigint_ignored,
@@ -587,6 +588,10 @@ def evaluate(args: EvalConfig) -> dict:
         *([(args.demo_dir, "--demo-dir")] if args.demo else []),
     )
     stem = env_file_stem(args.env)
+    refuse_folders_named_as(
+        (Path(args.log_dir) / f"{stem}_eval_log", "--log-dir"),
+        (Path(args.log_dir) / f"{stem}_eval.json", "--log-dir"),
+    )
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path, digest, log)  # its warning first
     if args.demo:

@@ -67,6 +67,7 @@ from utils import (
     check_writable,
     count_of,
     format_elapsed,
+    refuse_folders_named_as,
     run_script,
     sigint_ignored,
     sigterm_interrupts,
@@ -269,6 +270,10 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     run_folders = ((config.save_model_dir, "--save-model-dir"), (config.log_dir, "--log-dir"))
     for folder, flag in run_folders:  # first: another live run there is what to say, if any
         hold_run_lock(folder, config.env, flag)
+    refuse_folders_named_as(
+        *[(path, "--save-model-dir") for path in (paths.model, paths.final_model, paths.state)],
+        *[(path, "--log-dir") for path in (paths.log, paths.record, paths.curve)],
+    )
     resumes_it = same_file(paths.state, paths.load_state)  # the state --load would read
     # os.path.exists: False for a folder that cannot be read, which check_writable names below.
     if os.path.exists(paths.state) and not (config.load and resumes_it):

@@ -492,6 +492,26 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
             )
 
 
+def refuse_folders_named_as(*files: tuple[Path, str]) -> None:
+    """Refuse a command where a folder has the name of a file it saves.
+
+    The save would fail only at the end (a run's weights, an evaluation's summary), so the
+    command is refused before it starts.
+
+    Args:
+        files: ``(file, flag)``: each file the command saves and the flag naming its folder.
+
+    Raises:
+        UsageError: naming the folder, its flag and the fix.
+    """
+    for path, flag in files:
+        if path.is_dir():
+            raise UsageError(
+                f"{path} is a folder where a file of that name is to be saved; rename or "
+                f"remove the folder, or give {flag} another folder"
+            )
+
+
 def check_writable(*folders: tuple[str | Path, str]) -> None:
     """Create each ``(folder, flag)``'s folder if needed and make sure files can be written there.
 

@@ -124,6 +124,41 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
 
 
 @pytest.mark.parametrize(
+    ("name", "flag"),
+    [(f"{PONG}_state.pt", "--save-model-dir"), (f"{PONG}.dat", "--save-model-dir")]
+    + [(f"{PONG}_run.json", "--log-dir"), (f"{PONG}_log", "--log-dir")],
+)
+def test_a_folder_named_as_a_file_the_run_saves_is_refused_before_it_starts(
+    tmp_path, monkeypatch, capsys, name, flag
+):
+    """Its saves failed only at the end; a folder ``<env>_state.pt`` was taken for a state."""
+    folder = tmp_path / ("models" if flag == "--save-model-dir" else "logs") / name
+    folder.mkdir(parents=True)
+    code, stderr = main_here([*folders(tmp_path), "--max-steps", "10"], monkeypatch, capsys)
+    assert code == 2 and stderr.splitlines() == [
+        f"main.py: error: {folder} is a folder where a file of that name is to be saved; "
+        f"rename or remove the folder, or give {flag} another folder"
+    ]
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", [f"{PONG}_eval.json", f"{PONG}_eval_log"])
+def test_an_evaluation_refuses_a_folder_named_as_its_summary_or_log(tmp_path, capsys, name):
+    """The summary's save failed after every game, the log's with a traceback."""
+    import gym_eval
+
+    _tiny_pong_dat(tmp_path / "models")
+    (tmp_path / "logs" / name).mkdir(parents=True)
+    flags = ["--env", PONG, "--hidden-size", "32", "--num-episodes", "1"]
+    flags += ["--log-dir", str(tmp_path / "logs"), "--load-model-dir", str(tmp_path / "models")]
+    assert gym_eval.main(flags) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gym_eval.py: error: {tmp_path / 'logs' / name} is a folder where a file of that name "
+        "is to be saved; rename or remove the folder, or give --log-dir another folder"
+    ]
+
+
+@pytest.mark.parametrize(
     ("parse", "flag_name"),
     [
         (parse_train_args, "--save-model-dir"),
