@@ -295,7 +295,8 @@ class EvalConfig(CommonConfig):
     model: str | None = flag(
         None,
         item=str,
-        help="the .dat (or training state <env>_state.pt) to evaluate, any file (default "
+        help="the .dat (or training state <env>_state.pt) to evaluate, any file of a network for "
+        "the env's observations and actions (default "
         "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
     )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")

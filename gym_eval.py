@@ -318,7 +318,7 @@ def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriti
     """
     hidden_size = args.hidden_size or saved_hidden_size(model_path) or HIDDEN_SIZE
     model = build_model(env.observation_space, env.action_space, hidden_size)
-    load_weights(model, model_path, hint="gym_eval.py also takes any file as --model")
+    load_weights(model, model_path, hint="or give the file as --model")
     return model
 
 
@@ -579,6 +579,11 @@ def evaluate(args: EvalConfig) -> dict:
         raise UsageError(
             f"--model {args.model!r} {what}; give the path of a .dat or training-state file"
         )
+    stem = env_file_stem(args.env)
+    refuse_folders_named_as(
+        (Path(args.log_dir) / f"{stem}_eval_log", "--log-dir"),
+        (Path(args.log_dir) / f"{stem}_eval.json", "--log-dir"),
+    )
     digest = file_sha256(model_path)  # before the games: a training run may replace the file
     width = check_playable(args, model_path)
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
@@ -586,11 +591,6 @@ def evaluate(args: EvalConfig) -> dict:
         (args.log_dir, "--log-dir"),
         *([(video_dir, "--video-dir")] if args.new_gym_eval else []),
         *([(args.demo_dir, "--demo-dir")] if args.demo else []),
-    )
-    stem = env_file_stem(args.env)
-    refuse_folders_named_as(
-        (Path(args.log_dir) / f"{stem}_eval_log", "--log-dir"),
-        (Path(args.log_dir) / f"{stem}_eval.json", "--log-dir"),
     )
     log = setup_logger(f"a3g.eval.{args.env}", Path(args.log_dir) / f"{stem}_eval_log")
     training = training_record(args.log_dir, model_path, digest, log)  # its warning first

@@ -28,12 +28,14 @@ its mean entropy and the mean probability of moving the paddle up (RIGHT, RIGHTF
 policy the workers train on, where gym_eval.py plays the greedy one), with draws seeded from
 ``--seed``.
 
-``--out FILE`` also writes every contact as JSON. ``--processes``, ``--render``,
+``--out FILE`` also writes every contact as JSON, with each game's reward, the seed and the
+model file's SHA-256. ``--processes``, ``--render``,
 ``--new-gym-eval`` and ``--demo`` are refused.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import logging
@@ -50,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from points_lost import parse_watch_args  # noqa: E402
 
-from checkpoint import checkpoint_path, write_json_atomic  # noqa: E402
+from checkpoint import checkpoint_path, file_sha256, write_json_atomic  # noqa: E402
 from environment import lookup_spec, register_games, sticky_probability  # noqa: E402
 from gym_eval import INTERRUPTED_EXIT, play_games  # noqa: E402
 from player_util import GameResult  # noqa: E402
@@ -190,7 +192,7 @@ class StickyRecorder:
             ram = atari.ale.getRAM()
             self.frames.append(
                 Frame(chosen, played, float(result[1]), int(ram[PADDLE_Y]), int(ram[BALL_X]),
-                      int(ram[BALL_Y]), self.policy.latest if self.policy else ())
+                      int(ram[BALL_Y]), self.policy.latest if self.policy is not None else ())
             )  # fmt: skip
             return result
 
@@ -240,19 +242,19 @@ def summary(found: list[Contact]) -> list[str]:
 def policy_means(picked: list[Contact]) -> str:
     """The mean entropy (nats), P(up) and P(down) of `picked`'s policies at each POLICY_FRAMES.
 
-    Empty where a contact has no policy noted at one of them (none recorded, or the game's
-    no-op start).
+    Over the contacts with a policy noted at each of them (not one in a game's no-op start),
+    saying how many where some lack one; empty where none has.
     """
-    if not picked or not all(
-        len(c.policy_path) == len(POLICY_FRAMES) and all(c.policy_path) for c in picked
-    ):
+    full = [c for c in picked if len(c.policy_path) == len(POLICY_FRAMES) and all(c.policy_path)]
+    if not full:
         return ""
-    probs = np.array([c.policy_path for c in picked])  # contacts x POLICY_FRAMES x actions
+    probs = np.array([c.policy_path for c in full])  # contacts x POLICY_FRAMES x actions
     entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(-1).mean(0)
     up, down = probs[..., list(UP)].sum(-1).mean(0), probs[..., list(DOWN)].sum(-1).mean(0)
-    return "; ".join(
+    means = "; ".join(
         f"H {h:.2f} up {u:.2f} down {d:.2f}" for h, u, d in zip(entropy, up, down, strict=True)
     )
+    return means if len(full) == len(picked) else f"{means} ({len(full)} of {len(picked)})"
 
 
 def as_row(contact: Contact) -> dict[str, Any]:
@@ -268,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
-    sample = "--sample-actions" in argv
+    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    own.add_argument("--sample-actions", action="store_true")
+    mine, rest = own.parse_known_args(argv)
+    sample = mine.sample_actions
     try:
-        args, out = parse_watch_args(
-            [a for a in argv if a != "--sample-actions"], "pong_returns.py"
-        )
+        args, out = parse_watch_args(rest, "pong_returns.py")
         check_env(args.env)
     except UsageError as error:
         print(f"pong_returns.py: error: {error}", file=sys.stderr)
@@ -282,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     policy = PolicyRecorder(sample, args.seed)
     recorder = StickyRecorder(probability, args.seed, policy)
     games: list[list[Contact]] = []
+    rewards: list[float] = []
 
     def report(game: int, result: GameResult) -> None:
         games.append(contacts(recorder.frames))
+        rewards.append(result.reward)
         recorder.frames = []
         print(f"game {game}: {result.reward:+g} ({result.ending})", flush=True)
 
@@ -311,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary(found)))
     if out is not None:
         rows = [[as_row(c) for c in game] for game in games]
-        write_json_atomic({"sticky": probability, "actions": actions, "games": rows}, out)
+        write_json_atomic(
+            {
+                "model": str(model), "model_sha256": file_sha256(model), "seed": args.seed,
+                "sticky": probability, "actions": actions, "rewards": rewards, "games": rows,
+            },
+            out,
+        )  # fmt: skip
     return 0
 
 

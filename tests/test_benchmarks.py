@@ -26,6 +26,7 @@ import torch
 import gym_eval
 import main
 import utils
+from checkpoint import file_sha256
 from environment import MaxAndSkipEnv
 from model import build_model
 from tests.conftest import ROOT, live_processes
@@ -619,6 +620,8 @@ def test_pong_returns_notes_the_policy_before_each_contact():
     assert line.split("; ")[0] == "H 1.79 up 0.33 down 0.33"
     assert line.split("; ")[-1] == "H 0.69 up 0.00 down 1.00"
     assert pong_returns.policy_means([dataclasses.replace(contact, policy_path=())]) == ""
+    unnoted = dataclasses.replace(contact, policy_path=((),) * 6)  # in a game's no-op start
+    assert pong_returns.policy_means([contact, unnoted]) == f"{line} (1 of 2)"
 
 
 def test_pong_returns_plays_the_argmax_or_a_draw_from_the_softmax():
@@ -677,7 +680,9 @@ def test_pong_returns_plays_real_pong_and_refuses_bad_input_in_one_line(tmp_path
     )
     written = json.loads(out.read_text())
     assert written["sticky"] == 0.25 and len(written["games"]) == 1
-    assert written["actions"] == "greedy"
+    assert written["actions"] == "greedy" and written["seed"] == 1
+    assert written["model_sha256"] == file_sha256(tmp_path / "pong.dat")
+    assert len(written["rewards"]) == 1
     assert any(not c["returned"] for c in written["games"][0])  # an untrained agent misses
     assert all(sum(c["policy_path"][-1]) == pytest.approx(1, abs=1e-3) for c in written["games"][0])
     printed = capsys.readouterr().out
@@ -685,8 +690,11 @@ def test_pong_returns_plays_real_pong_and_refuses_bad_input_in_one_line(tmp_path
     assert "  policy (64, 32, 16, 8, 4, 0) frames before, mean: H " in printed
     model_flag = ["--model", str(tmp_path / "pong.dat")]
     assert pong_returns.main([*flags, *model_flag, "--sample-actions", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["actions"] == "sampled"
-    assert "greedy" not in capsys.readouterr().out
+    sampled = json.loads(out.read_text())
+    assert sampled["actions"] == "sampled" and "greedy" not in capsys.readouterr().out
+    # The same seeds, another player: this untrained network's policy is near uniform, so
+    # the drawn actions, and with them the balls, are not the argmax's.
+    assert sampled["games"] != written["games"]
     assert pong_returns.main([*flags, "--model", str(tmp_path / "missing.dat")]) == 2
     assert pong_returns.main([*flags[2:], "--env", "ALE/Pong-v5"]) == 2
     assert pong_returns.main([*flags[2:], "--env", "BreakoutNoFrameskip-v4"]) == 2

@@ -139,7 +139,10 @@ def test_a_folder_named_as_a_file_the_run_saves_is_refused_before_it_starts(
         f"main.py: error: {folder} is a folder where a file of that name is to be saved; "
         f"rename or remove the folder, or give {flag} another folder"
     ]
-    assert list(folder.iterdir()) == []
+    other = "logs" if flag == "--save-model-dir" else "models"
+    assert sorted(tmp_path.iterdir()) == [folder.parent]  # the other folder not made
+    assert list(folder.parent.iterdir()) == [folder]  # no lock file left
+    assert not (tmp_path / other).exists()
 
 
 @pytest.mark.parametrize("name", [f"{PONG}_eval.json", f"{PONG}_eval_log"])
@@ -151,10 +154,25 @@ def test_an_evaluation_refuses_a_folder_named_as_its_summary_or_log(tmp_path, ca
     (tmp_path / "logs" / name).mkdir(parents=True)
     flags = ["--env", PONG, "--hidden-size", "32", "--num-episodes", "1"]
     flags += ["--log-dir", str(tmp_path / "logs"), "--load-model-dir", str(tmp_path / "models")]
+    flags += ["--new-gym-eval", "--video-dir", str(tmp_path / "videos")]
     assert gym_eval.main(flags) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"gym_eval.py: error: {tmp_path / 'logs' / name} is a folder where a file of that name "
         "is to be saved; rename or remove the folder, or give --log-dir another folder"
+    ]
+    assert not (tmp_path / "videos").exists()  # refused before any folder is made
+    assert list((tmp_path / "logs").iterdir()) == [tmp_path / "logs" / name]
+
+
+def test_an_evaluation_without_the_file_in_load_model_dir_points_at_model(tmp_path, capsys):
+    import gym_eval
+
+    flags = ["--env", PONG, "--load-model-dir", str(tmp_path), "--log-dir", str(tmp_path / "l")]
+    assert gym_eval.main(flags) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gym_eval.py: error: checkpoint {str(tmp_path / f'{PONG}.dat')!r} not found; train "
+        f"first, or point --load-model-dir at the folder holding {PONG}.dat (or give the file "
+        "as --model)"
     ]
 
 
