@@ -29,8 +29,8 @@ policy the workers train on, where gym_eval.py plays the greedy one), with draws
 ``--seed``.
 
 ``--out FILE`` also writes every contact as JSON, with each game's reward, the seed and the
-model file's SHA-256. ``--processes``, ``--render``,
-``--new-gym-eval`` and ``--demo`` are refused.
+model file's SHA-256. ``--processes``, ``--render``, ``--new-gym-eval`` and ``--demo`` are
+refused.
 """
 
 from __future__ import annotations

@@ -125,8 +125,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, 
 
 @pytest.mark.parametrize(
     ("name", "flag"),
-    [(f"{PONG}_state.pt", "--save-model-dir"), (f"{PONG}.dat", "--save-model-dir")]
-    + [(f"{PONG}_run.json", "--log-dir"), (f"{PONG}_log", "--log-dir")],
+    [
+        (f"{PONG}_state.pt", "--save-model-dir"),
+        (f"{PONG}.dat", "--save-model-dir"),
+        (f"{PONG}_run.json", "--log-dir"),
+        (f"{PONG}_log", "--log-dir"),
+    ],
 )
 def test_a_folder_named_as_a_file_the_run_saves_is_refused_before_it_starts(
     tmp_path, monkeypatch, capsys, name, flag
