@@ -89,6 +89,10 @@ class EvaluationProcessError(RuntimeError):
         self.details = details
 
 
+class NoGameEnded(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped an evaluation before any game ended (its log has said so)."""
+
+
 class VideoRecorder:
     """Writes one game's frames to an MP4 file with OpenCV (already a dependency).
 
@@ -571,7 +575,7 @@ def evaluate(args: EvalConfig) -> dict:
     """Play ``--num-episodes`` greedy games and return the summary (also logged and saved).
 
     Ctrl-C (or SIGTERM) ends the evaluation early: the games that ended are summarised and
-    saved, the summary marked ``interrupted`` (a KeyboardInterrupt goes on when none had ended).
+    saved, the summary marked ``interrupted`` (`NoGameEnded`, logged, when none had ended).
     """
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
@@ -645,7 +649,7 @@ def evaluate(args: EvalConfig) -> dict:
     except KeyboardInterrupt:
         if not by_game:
             log.warning("interrupted before any game ended: no summary saved")
-            raise
+            raise NoGameEnded from None
         interrupted = True
         log.warning(
             f"interrupted after {len(by_game)} of {args.num_episodes} games: the summary counts "
@@ -733,7 +737,9 @@ def main(argv: list[str] | None = None) -> int:
         check_gpus([args.gpu_id], "--gpu-id")
         if evaluate(args)["interrupted"]:
             return INTERRUPTED_EXIT
-    except KeyboardInterrupt:
+    except NoGameEnded:  # the log said so, on the terminal too
+        return INTERRUPTED_EXIT
+    except KeyboardInterrupt:  # before the log existed
         print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
     except UsageError as err:
