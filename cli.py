@@ -494,6 +494,17 @@ def _refuse_empty(config: CommonConfig, name: str, fix: str) -> None:
         raise UsageError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); {fix}")
 
 
+def _refuse_unread(config: CommonConfig, name: str, reader: str, fix: str) -> None:
+    """Refuse a flag given a value no part of this run reads (it lacks `reader`).
+
+    A value equal to the default passes: it changes nothing either way.
+    """
+    default = next(f.default for f in fields(config) if f.name == name)
+    value = getattr(config, name)
+    if value != default:
+        raise UsageError(f"--{name.replace('_', '-')} {value!r} is read only with {reader}; {fix}")
+
+
 def _require_folders(config: CommonConfig, *names: str) -> None:
     """Refuse an empty folder flag: an unset shell variable would write in the current folder."""
     for name in names:
@@ -544,6 +555,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     require_at_least("--envs-per-worker", config.envs_per_worker)
     _validate_common(config)
     _require_folders(config, "save_model_dir")
+    if not config.load:  # a forgotten --load would train afresh where a resume was meant
+        _refuse_unread(
+            config, "load_model_dir", "--load",
+            "add --load to go on from what it holds, or drop --load-model-dir to start afresh",
+        )  # fmt: skip
     if config.max_steps < 0:
         raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
     if config.lr_schedule == "linear" and config.max_steps == 0:
@@ -677,6 +693,27 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
         "give the path of a .dat or training-state file, or leave it out for "
         "<load-model-dir><env>.dat",
     )
+    if not config.new_gym_eval:
+        _refuse_unread(
+            config, "video_dir", "--new-gym-eval",
+            "add --new-gym-eval to record the games there, or drop --video-dir",
+        )  # fmt: skip
+    if not config.demo:
+        _refuse_unread(
+            config, "demo_dir", "--demo", "add --demo to write the first game there, or drop "
+            "--demo-dir",
+        )  # fmt: skip
+    if not config.render:
+        _refuse_unread(
+            config, "render_freq", "--render", "add --render to show the games, or drop "
+            "--render-freq",
+        )  # fmt: skip
+    default_folder = next(f.default for f in fields(config) if f.name == "load_model_dir")
+    if config.model is not None and config.load_model_dir != default_folder:
+        raise UsageError(
+            f"--load-model-dir {config.load_model_dir!r} is not read when --model names the "
+            "file; drop one of the two"
+        )
     if config.render and min(config.processes, config.num_episodes) > 1:
         raise UsageError(
             f"--render shows the games in one window and cannot with --processes "

@@ -470,10 +470,17 @@ def _play_share(
 ) -> None:
     """A process of a parallel evaluation: plays its share, sends each result or its error.
 
-    Ctrl-C is the evaluation's to handle (it stops its processes); a process also stops by
-    itself when the evaluation is gone (killed), leaving nothing behind.
+    Ctrl-C is the evaluation's to handle (it stops its processes with SIGTERM, which ends the
+    game under way as a stop does, so its video is discarded); a process also stops by itself
+    when the evaluation is gone (killed), leaving nothing behind.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        results.cancel_join_thread()  # the evaluation reads no more: exit without flushing
+        raise SystemExit(128 + signal.SIGTERM)  # a shell's code for a SIGTERM
+
+    signal.signal(signal.SIGTERM, stop)
     log = logging.getLogger(f"a3g.eval.process{os.getpid()}")
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -568,7 +575,10 @@ def play_in_processes(
             if child.is_alive():
                 child.terminate()
         for child in started:
-            child.join()
+            child.join(timeout=10)  # a game's clean-up (a video discarded) takes milliseconds
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def evaluate(args: EvalConfig) -> dict:
@@ -693,12 +703,8 @@ def evaluate(args: EvalConfig) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     json_path = Path(args.log_dir) / f"{stem}_eval.json"
-    replaced = summarised_model(json_path)
-    if replaced is not None and Path(replaced).resolve() != model_path.resolve():
-        log.warning(
-            f"{json_path} held the evaluation of {replaced}; it now holds this one's (give each "
-            "model its own --log-dir to keep both)"
-        )
+    if (replaced := replaced_summary(json_path, summary)) is not None:
+        log.warning(replaced)
     try:
         write_json_atomic(summary, json_path)
     except OSError as err:
@@ -716,14 +722,36 @@ def evaluate(args: EvalConfig) -> dict:
     return summary
 
 
-def summarised_model(json_path: Path) -> str | None:
-    """The model an existing evaluation summary at `json_path` played, if there is one."""
+def replaced_summary(json_path: Path, summary: dict) -> str | None:
+    """What writing `summary` over the evaluation summary at `json_path` loses, if anything.
+
+    Another model's summary, or this model's under another protocol, seed or number of games,
+    is named; the same evaluation again (or no readable summary) replaces nothing worth a word.
+    """
     try:
-        summary = json.loads(json_path.read_text())
+        earlier = json.loads(json_path.read_text())
     except (OSError, ValueError):  # ValueError: not JSON, not text
         return None
-    model = summary.get("model") if isinstance(summary, dict) else None
-    return model if isinstance(model, str) else None
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("model"), str):
+        return None
+    keep = "; it now holds this one's (give each evaluation its own --log-dir to keep both)"
+    if Path(earlier["model"]).resolve() != Path(summary["model"]).resolve():
+        return f"{json_path} held the evaluation of {earlier['model']}{keep}"
+    before = earlier.get("protocol") if isinstance(earlier.get("protocol"), dict) else {}
+    now = summary["protocol"]
+    changes = [
+        f"{key} {before.get(key)} there, {now.get(key)} here"
+        for key in [*now, *(key for key in before if key not in now)]
+        if before.get(key) != now.get(key)
+    ]
+    changes += [
+        f"{key} {earlier.get(key)} there, {summary[key]} here"
+        for key in ("games", "seed")
+        if earlier.get(key) != summary[key]
+    ]
+    if not changes:
+        return None
+    return f"{json_path} held another evaluation of this model ({'; '.join(changes)}){keep}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,7 +243,7 @@ def test_an_agent_for_frames_and_one_for_vectors_are_told_apart(tmp_path):
         load_weights(atari, tmp_path / "x.dat")
 
 
-def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path):
+def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path, monkeypatch):
     import gymnasium as gym
 
     from cli import parse_train_args
@@ -259,7 +259,12 @@ def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path):
     assert width(*load) == HIDDEN_SIZE  # no file: the resume says so, with the usual width
     torch.save(agent(16), tmp_path / "CartPole-v1.dat")
     assert width(*load) == 16  # the weights alone
-    assert width("--load-model-dir", str(tmp_path)) == HIDDEN_SIZE  # a fresh run: not read
+    monkeypatch.chdir(tmp_path)  # trained_models/ here, the default --load-model-dir
+    (tmp_path / "trained_models").mkdir()
+    torch.save(agent(16), tmp_path / "trained_models" / "CartPole-v1.dat")
+    assert width() == HIDDEN_SIZE  # a fresh run: not read
+    with pytest.raises(UsageError, match="is read only with --load; add --load to go on from"):
+        width("--load-model-dir", str(tmp_path))  # given without --load: a resume forgotten
     TrainingState(model=agent(24), steps=10).save(tmp_path / "CartPole-v1_state.pt")
     assert width(*load) == 24  # the training state, which --load resumes from
     assert width(*load, "--hidden-size", "8") == 8  # given: kept (the load then refuses it)

@@ -230,12 +230,9 @@ def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
     train = parse_train_args(["--log-dir=~/runs/", "--save-model-dir=~/m", "-evc", "~/c.json"])
     assert (train.log_dir, train.save_model_dir) == (f"{home}/runs/", f"{home}/m")
     assert train.env_config == f"{home}/c.json"
-    evaluate = parse_eval_args(["--model=~/a.dat", "--demo-dir=~/d/", "--load-model-dir=~"])
-    assert (evaluate.model, evaluate.demo_dir, evaluate.load_model_dir) == (
-        f"{home}/a.dat",
-        f"{home}/d/",
-        home,
-    )
+    evaluate = parse_eval_args(["--model=~/a.dat", "--demo", "--demo-dir=~/d/"])
+    assert (evaluate.model, evaluate.demo_dir) == (f"{home}/a.dat", f"{home}/d/")
+    assert parse_eval_args(["--load-model-dir=~"]).load_model_dir == home
     assert parse_train_args(["--log-dir", "a~b/"]).log_dir == "a~b/"
 
 
@@ -848,6 +845,7 @@ def test_ctrl_c_or_sigterm_ends_an_evaluation_with_the_games_that_ended_saved(
     tmp_path, processes, stop
 ):
     flags = ["--max-episode-length", "100", "--num-episodes", "1000", "--processes", processes]
+    flags += ["--new-gym-eval", "--video-dir", str(tmp_path / "videos")]
     with evaluation_in_its_group(tmp_path, *flags, games=2, stderr=subprocess.PIPE) as run:
         if stop == "ctrl-c":
             os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -860,6 +858,9 @@ def test_ctrl_c_or_sigterm_ends_an_evaluation_with_the_games_that_ended_saved(
         assert summary["interrupted"] is True and 2 <= summary["games"] < 1000
         assert len(summary["rewards"]) == summary["games"]
         assert wait_group_gone(run.pid, 20) == []
+        # The games under way when it stopped leave no half-written video.
+        videos = sorted(path.name for path in (tmp_path / "videos").iterdir())
+        assert videos and not [name for name in videos if ".partial." in name], videos
 
 
 def test_an_evaluation_stopped_before_its_first_game_ended_says_so_in_its_log(
@@ -892,16 +893,25 @@ def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replace
     _tiny_pong_dat(tmp_path / "models")
     other = tmp_path / "other.dat"
     other.write_bytes((tmp_path / "models" / f"{PONG}.dat").read_bytes())
-    flags = [
+    base = [
         "--env", PONG, "--hidden-size", "32", "--max-episode-length", "20", "--num-episodes", "1",
-        "--log-dir", str(tmp_path / "logs"), "--load-model-dir", str(tmp_path / "models"),
+        "--log-dir", str(tmp_path / "logs"),
     ]  # fmt: skip
+    flags = [*base, "--load-model-dir", str(tmp_path / "models")]
     first = evaluate(parse_eval_args(flags))
     assert first["interrupted"] is False
-    evaluate(parse_eval_args(flags))  # the same model again: nothing to say
+    evaluate(parse_eval_args(flags))  # the same evaluation again: nothing to say
     log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
-    assert " held the evaluation of " not in log
-    evaluate(parse_eval_args([*flags, "--model", str(other)]))
+    assert " held the evaluation of " not in log and " held another " not in log
+    # The same model under another protocol, with another number of games: said, with what.
+    evaluate(parse_eval_args([*flags, "--repeat-action-probability", "0.25", "--seed", "2"]))
+    log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
+    assert (
+        " held another evaluation of this model (repeat_action_probability 0.0 there, 0.25 "
+        "here; seed 1 there, 2 here); it now holds this one's (give each evaluation its own "
+        "--log-dir to keep both)"
+    ) in log
+    evaluate(parse_eval_args([*base, "--model", str(other)]))
     log = (tmp_path / "logs" / f"{PONG}_eval_log").read_text()
     assert f"held the evaluation of {first['model']}; it now holds this one's" in log
     summary = json.loads((tmp_path / "logs" / f"{PONG}_eval.json").read_text())

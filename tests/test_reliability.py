@@ -338,16 +338,20 @@ def test_a_save_max_run_records_how_far_it_was_when_its_kept_weights_were_taken(
 
 
 def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path):
-    from gym_eval import summarised_model
+    from gym_eval import replaced_summary
 
     path = tmp_path / "Game_eval.json"
-    for content, model in (
+    summary = {"model": "b.dat", "protocol": {"env": "Game"}, "games": 3, "seed": 1}
+    for content, said in (
         ('{"model": ["x"]}', None),
-        ('{"model": "a.dat"}', "a.dat"),
+        ('{"model": "a.dat"}', "held the evaluation of a.dat"),
+        ('{"model": "b.dat", "protocol": 7}', "(env None there, Game here; games None there"),
         ("[1]", None),
+        ("not json", None),
     ):
         path.write_text(content)
-        assert summarised_model(path) == model
+        note = replaced_summary(path, summary)
+        assert note == said if said is None else said in note, (content, note)
 
 
 def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
@@ -1629,10 +1633,14 @@ def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(
         f"write over; add --load --load-model-dir {models} to continue that run, or give "
         "--save-model-dir another folder (or delete the file) to start afresh"
     )
-    # --load-model-dir already names the folder: only --load is missing.
+    # --load-model-dir already names the folder: only --load is missing (said before the
+    # folder is looked at).
     flags = ["--env", PONG, *folders(tmp_path), "--load-model-dir", str(models)]
     code, err = main_here(flags, monkeypatch, capsys)
-    assert code == 2 and "which this run would write over; add --load to continue" in err, err
+    assert code == 2 and err == (
+        f"main.py: error: --load-model-dir {str(models)!r} is read only with --load; add --load "
+        "to go on from what it holds, or drop --load-model-dir to start afresh\n"
+    )
     assert state.read_bytes() == b"a long run's state"
     assert (models / f"{PONG}.dat").read_bytes() == b"its weights"
     assert not (tmp_path / "logs").exists()  # nor a folder made
@@ -1663,13 +1671,12 @@ def test_a_load_from_another_folder_never_writes_over_the_save_folders_training_
 def test_a_refused_command_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
     for flags, message in (
         (["--env", "NoSuchGame-v4"], "NoSuchGame-v4"),
-        (["--env", PONG, "--load"], "--load"),  # no file to load in trained_models/... for 32
+        (["--env", PONG, "--load", "--load-model-dir", str(tmp_path / "none")], "--load"),
         (["--env", PONG, "--env-config", str(tmp_path / "missing.json")], "missing.json"),
     ):
         code, err = main_here(
-            [*folders(tmp_path), *flags, "--hidden-size", "32", "--load-model-dir",
-             str(tmp_path / "none")], monkeypatch, capsys,
-        )  # fmt: skip
+            [*folders(tmp_path), *flags, "--hidden-size", "32"], monkeypatch, capsys
+        )
         assert code == 2 and message in err and len(err.splitlines()) == 1, err
         assert sorted(p.name for p in tmp_path.iterdir()) == [], flags
     # The save folder passes, the log folder (a file) does not: the save folder goes too.
