@@ -122,15 +122,16 @@ class VideoRecorder:
         """Finish the file and give it its name."""
         if self.writer is not None:
             self.writer.release()
-            self.writer = None
             os.replace(self.partial, self.path)
+            self.writer = None  # after the rename: a stop before it still discards the file
 
     def discard(self) -> None:
         """Drop the frames written so far (a game that did not end)."""
         if self.writer is not None:
             self.writer.release()
             self.writer = None
-            self.partial.unlink(missing_ok=True)
+        # Also where the writer made the file and a stop came before it was kept.
+        self.partial.unlink(missing_ok=True)
 
 
 class DemoFrames:
@@ -480,7 +481,7 @@ def _play_share(
         results.cancel_join_thread()  # the evaluation reads no more: exit without flushing
         raise SystemExit(128 + signal.SIGTERM)  # a shell's code for a SIGTERM
 
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)  # back to the default once its games are done
     log = logging.getLogger(f"a3g.eval.process{os.getpid()}")
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -498,6 +499,8 @@ def _play_share(
         results.put(("error", "dependency", str(err)))
     except Exception:  # the evaluation must hear of it, not wait for games never played
         results.put(("error", "other", traceback.format_exc()))
+    finally:  # nothing left to discard: a SIGTERM now just ends it (no exit-time traceback)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def play_in_processes(
@@ -574,11 +577,15 @@ def play_in_processes(
         for child in started:
             if child.is_alive():
                 child.terminate()
-        for child in started:
-            child.join(timeout=10)  # a game's clean-up (a video discarded) takes milliseconds
-            if child.is_alive():
-                child.kill()
-                child.join()
+        deadline = time.monotonic() + 10  # a game's clean-up (a video discarded): milliseconds
+        try:
+            for child in started:
+                child.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:  # also on a second Ctrl-C while they end
+            for child in started:
+                if child.is_alive():
+                    child.kill()
+                    child.join()
 
 
 def evaluate(args: EvalConfig) -> dict:
@@ -725,8 +732,9 @@ def evaluate(args: EvalConfig) -> dict:
 def replaced_summary(json_path: Path, summary: dict) -> str | None:
     """What writing `summary` over the evaluation summary at `json_path` loses, if anything.
 
-    Another model's summary, or this model's under another protocol, seed or number of games,
-    is named; the same evaluation again (or no readable summary) replaces nothing worth a word.
+    Another model's summary, other weights in the same file (a run trained on), or this
+    model's under another protocol, seed, number of games or of processes (which deal the
+    games' seeds) is named; the same evaluation again, or no readable summary, is not.
     """
     try:
         earlier = json.loads(json_path.read_text())
@@ -737,7 +745,12 @@ def replaced_summary(json_path: Path, summary: dict) -> str | None:
     keep = "; it now holds this one's (give each evaluation its own --log-dir to keep both)"
     if Path(earlier["model"]).resolve() != Path(summary["model"]).resolve():
         return f"{json_path} held the evaluation of {earlier['model']}{keep}"
-    before = earlier.get("protocol") if isinstance(earlier.get("protocol"), dict) else {}
+    digests = (earlier.get("model_sha256"), summary["model_sha256"])
+    if None not in digests and digests[0] != digests[1]:
+        return f"{json_path} held the evaluation of other weights in {earlier['model']}{keep}"
+    before = earlier.get("protocol")
+    if not isinstance(before, dict):
+        return f"{json_path} held an evaluation of this model that names no protocol{keep}"
     now = summary["protocol"]
     changes = [
         f"{key} {before.get(key)} there, {now.get(key)} here"
@@ -746,7 +759,7 @@ def replaced_summary(json_path: Path, summary: dict) -> str | None:
     ]
     changes += [
         f"{key} {earlier.get(key)} there, {summary[key]} here"
-        for key in ("games", "seed")
+        for key in ("games", "seed", "processes")
         if earlier.get(key) != summary[key]
     ]
     if not changes:
@@ -767,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             return INTERRUPTED_EXIT
     except NoGameEnded:  # the log said so, on the terminal too
         return INTERRUPTED_EXIT
-    except KeyboardInterrupt:  # before the log existed
+    except KeyboardInterrupt:  # before the games began (the log may not exist yet)
         print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
     except UsageError as err:

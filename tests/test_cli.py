@@ -104,6 +104,11 @@ from visualize import parse_log
         (["--optimizer", "RMSprop", "-a"], "--amsgrad is a variant of Adam and --optimizer is"),
         (["--env-config", "missing.json"], "'missing.json' not found; pass --env-config"),
         (
+            ["--load-model-dir", "runs/pong/"],
+            "--load-model-dir 'runs/pong/' is read only with --load; add --load to go on from "
+            "what it holds, or drop --load-model-dir to start afresh",
+        ),
+        (
             ["--load", "--load-model-dir", "/nonexistent"],
             "checkpoint '/nonexistent/PongNoFrameskip-v4.dat' not found; train first, or point "
             "--load-model-dir at the folder holding PongNoFrameskip-v4.dat (or its "
@@ -222,6 +227,14 @@ def test_an_empty_model_is_refused_not_the_default_file():
     assert parse_eval_args([]).model is None  # no --model: <load-model-dir><env>.dat
     with pytest.raises(UsageError, match=r"^--model is empty \(an unset shell variable\?\); "):
         parse_eval_args(["--model", ""])
+
+
+def test_a_flag_the_run_would_not_read_passes_at_its_default():
+    """Refused when given a value (tested with the bad input); the default changes nothing."""
+    assert parse_eval_args(["--render-freq", "1", "--demo-dir", "demo/"]).render_freq == 1
+    evaluate = parse_eval_args(["--model", "m.dat", "--load-model-dir", "trained_models/"])
+    assert evaluate.model == "m.dat"
+    assert parse_train_args(["--load-model-dir", "trained_models/"]).load is False
 
 
 def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
@@ -939,6 +952,15 @@ def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replace
         (["--demo", "--demo-dir", "{file}/d"], "--demo-dir '{file}/d' is not writable"),
         (["--gpu-id", "0"], "--gpu-id 0 asks for a GPU but CUDA is not available here; drop "
          "--gpu-id"),
+        # A flag the evaluation would not read.
+        (["--video-dir", "v/"], "--video-dir 'v/' is read only with --new-gym-eval; add "
+         "--new-gym-eval to record the games there, or drop --video-dir"),
+        (["--demo-dir", "d/"], "--demo-dir 'd/' is read only with --demo; add --demo to write "
+         "the first game there, or drop --demo-dir"),
+        (["--render-freq", "3"], "--render-freq 3 is read only with --render; add --render to "
+         "show the games, or drop --render-freq"),
+        (["--model", "{file}"], "' is not read when --model names the file; drop one of the "
+         "two"),
     ],
 )  # fmt: skip
 def test_gym_eval_bad_folders_and_flag_pairs_are_one_line(tmp_path, capsys, flags, message):

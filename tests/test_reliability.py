@@ -341,11 +341,19 @@ def test_an_old_summary_of_the_wrong_shape_does_not_stop_an_evaluation(tmp_path)
     from gym_eval import replaced_summary
 
     path = tmp_path / "Game_eval.json"
-    summary = {"model": "b.dat", "protocol": {"env": "Game"}, "games": 3, "seed": 1}
+    summary = {
+        "model": "b.dat", "model_sha256": "a" * 64, "protocol": {"env": "Game"}, "games": 3,
+        "seed": 1, "processes": 2,
+    }  # fmt: skip
+    same = '"model": "b.dat", "protocol": {"env": "Game"}, "games": 3, "seed": 1'
     for content, said in (
         ('{"model": ["x"]}', None),
-        ('{"model": "a.dat"}', "held the evaluation of a.dat"),
-        ('{"model": "b.dat", "protocol": 7}', "(env None there, Game here; games None there"),
+        ('{"model": "a.dat"}', "held the evaluation of a.dat; it now holds this one's"),
+        ('{"model": "b.dat", "protocol": 7}', "held an evaluation of this model that names no"),
+        (f'{{{same}, "processes": 2}}', None),  # the same evaluation again
+        (f'{{{same}, "processes": 2, "model_sha256": "{"a" * 64}"}}', None),
+        (f'{{{same}, "processes": 1}}', "(processes 1 there, 2 here)"),  # other games dealt
+        (f'{{{same}, "processes": 2, "model_sha256": "{"b" * 64}"}}', "of other weights in b"),
         ("[1]", None),
         ("not json", None),
     ):
