@@ -548,9 +548,12 @@ def play_in_processes(
                     try:
                         return results.get(timeout=0.5)
                     except queue.Empty:
+                        how = f"exit code {child.exitcode}"
+                        if child.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM):
+                            how += ": stopped by a SIGTERM from outside"
                         raise EvaluationProcessError(
-                            f"evaluation process {child.name} ended (exit code "
-                            f"{child.exitcode}) with {owed[p]} of its games unplayed"
+                            f"evaluation process {child.name} ended ({how}) with {owed[p]} of "
+                            "its games unplayed"
                         ) from None
 
     try:

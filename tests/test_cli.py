@@ -850,6 +850,26 @@ def test_gym_eval_processes_end_when_the_evaluation_is_killed(tmp_path):
         assert wait_group_gone(run.pid, 20) == []
 
 
+def test_a_game_process_stopped_from_outside_is_named_so(tmp_path):
+    """Its exit code, 143 since it ends its game on SIGTERM, said nothing of what happened."""
+    flags = ["--num-episodes", "100", "--processes", "2"]
+    with evaluation_in_its_group(tmp_path, *flags, games=1, stderr=subprocess.PIPE) as run:
+        players = [
+            pid
+            for pid, (parent, _, command) in live_processes().items()
+            if parent == run.pid and "spawn_main" in command  # not the resource tracker
+        ]
+        assert len(players) == 2, players
+        os.kill(players[0], signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+        assert run.returncode == 1, stderr[-2000:]
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("gym_eval.py: error: evaluation process a3g-eval-"), last
+        assert "(exit code 143: stopped by a SIGTERM from outside) with " in last, last
+        assert last.endswith(" of its games unplayed; no summary saved"), last
+        assert wait_group_gone(run.pid, 20) == []
+
+
 @pytest.mark.parametrize(
     ("processes", "stop"),
     [("1", "ctrl-c"), ("2", "ctrl-c"), ("2", "sigterm")],
