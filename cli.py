@@ -555,7 +555,11 @@ def validate_train(config: TrainConfig) -> TrainConfig:
     require_at_least("--envs-per-worker", config.envs_per_worker)
     _validate_common(config)
     _require_folders(config, "save_model_dir")
-    if not config.load:  # a forgotten --load would train afresh where a resume was meant
+    # A forgotten --load would train afresh where a resume was meant. The save folder named
+    # as both passes: a first sitting's command, to go on later with --load added (and a
+    # state there already is refused in main.py, naming --load).
+    same = os.path.abspath(config.load_model_dir) == os.path.abspath(config.save_model_dir)
+    if not config.load and not same:
         _refuse_unread(
             config, "load_model_dir", "--load",
             "add --load to go on from what it holds, or drop --load-model-dir to start afresh",

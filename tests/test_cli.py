@@ -235,6 +235,9 @@ def test_a_flag_the_run_would_not_read_passes_at_its_default():
     evaluate = parse_eval_args(["--model", "m.dat", "--load-model-dir", "trained_models/"])
     assert evaluate.model == "m.dat"
     assert parse_train_args(["--load-model-dir", "trained_models/"]).load is False
+    # Both folders the same: a first sitting's command, --load added to go on.
+    same = ["--save-model-dir", "runs/pong/", "--load-model-dir", "runs/pong"]
+    assert parse_train_args(same).load_model_dir == "runs/pong"
 
 
 def test_a_folder_flag_starting_with_a_tilde_is_in_the_home_folder():
