@@ -494,14 +494,15 @@ def _refuse_empty(config: CommonConfig, name: str, fix: str) -> None:
         raise UsageError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); {fix}")
 
 
-def _refuse_unread(config: CommonConfig, name: str, reader: str, fix: str) -> None:
-    """Refuse a flag given a value no part of this run reads (it lacks `reader`).
+def _given(config: CommonConfig, name: str) -> bool:
+    """Field `name` of `config` differs from its default (a value equal to it changes nothing)."""
+    return getattr(config, name) != next(f.default for f in fields(config) if f.name == name)
 
-    A value equal to the default passes: it changes nothing either way.
-    """
-    default = next(f.default for f in fields(config) if f.name == name)
-    value = getattr(config, name)
-    if value != default:
+
+def _refuse_unread(config: CommonConfig, name: str, reader: str, fix: str) -> None:
+    """Refuse a flag given a value no part of this run reads (it lacks `reader`)."""
+    if _given(config, name):
+        value = getattr(config, name)
         raise UsageError(f"--{name.replace('_', '-')} {value!r} is read only with {reader}; {fix}")
 
 
@@ -712,8 +713,7 @@ def validate_eval(config: EvalConfig) -> EvalConfig:
             config, "render_freq", "--render", "add --render to show the games, or drop "
             "--render-freq",
         )  # fmt: skip
-    default_folder = next(f.default for f in fields(config) if f.name == "load_model_dir")
-    if config.model is not None and config.load_model_dir != default_folder:
+    if config.model is not None and _given(config, "load_model_dir"):
         raise UsageError(
             f"--load-model-dir {config.load_model_dir!r} is not read when --model names the "
             "file; drop one of the two"
