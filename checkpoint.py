@@ -376,6 +376,7 @@ class TrainingState:
         elapsed: seconds trained so far (over every resumed part).
         skipped_updates: updates skipped for a NaN or inf, all workers together.
         test_rewards: every test game's reward, in order.
+        training_games: every training game's ``[frames, seconds, score, steps]``, in order.
         worker_normalizers: each worker's observation-normaliser statistics, by rank.
         test_normalizer: the test process's normaliser statistics.
         tensorboard_dir: the run's TensorBoard folder (a resumed run writes on in it).
@@ -398,6 +399,7 @@ class TrainingState:
     elapsed: float = 0.0
     skipped_updates: int = 0
     test_rewards: list[float] = field(default_factory=list)
+    training_games: list[list[float]] = field(default_factory=list)
     worker_normalizers: dict[int, dict[str, Any]] = field(default_factory=dict)
     test_normalizer: dict[str, Any] | None = None
     tensorboard_dir: str = ""
@@ -427,6 +429,7 @@ class TrainingState:
                 if rewards
                 else {}
             ),
+            "training_games": [list(game) for game in self.training_games],
             "normalizers": normalizers,
             "tensorboard_dir": self.tensorboard_dir,
             "config": self.config,
@@ -479,6 +482,7 @@ class TrainingState:
             elapsed=float(raw.get("elapsed", 0.0)),
             skipped_updates=int(raw.get("skipped_updates", 0)),
             test_rewards=rewards,
+            training_games=[list(game) for game in raw.get("training_games", [])],
             worker_normalizers={int(rank): s for rank, s in normalizers.items()},
             test_normalizer=test_normalizer,
             tensorboard_dir=str(raw.get("tensorboard_dir") or ""),

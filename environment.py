@@ -506,6 +506,47 @@ class EpisodicLifeEnv(gym.Wrapper):
         return obs, info
 
 
+class GameScore(gym.Wrapper):
+    """Adds up each game's raw reward over all its lives and keeps the finished games.
+
+    Below `EpisodicLifeEnv` it sees every step of a game (a lost life's no-op too) and only
+    the real resets: a game ends when the emulator or the time limit ends it. A game a real
+    reset cuts short (`force_real_reset`) is not kept. Training workers send the finished
+    games to the launcher (`finished_games`): the sampled policy's whole, unclipped scores.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.score = 0.0
+        self.steps = 0
+        self.finished: list[tuple[float, int]] = []  # (score, steps) of each finished game
+
+    def step(self, action: Any) -> StepResult:
+        """Step, adding the reward; at the game's end keep its score and steps."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.score += float(reward)
+        self.steps += 1
+        if terminated or truncated:
+            self.finished.append((self.score, self.steps))
+            self.score, self.steps = 0.0, 0
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """A real reset: a new game starts at 0."""
+        self.score, self.steps = 0.0, 0
+        return self.env.reset(**kwargs)
+
+
+def finished_games(envs: list[gym.Env]) -> list[tuple[float, int]]:
+    """The (score, steps) of the games the envs finished since the last call, then forgotten."""
+    games = []
+    for env in envs:
+        score = find_wrapper(env, GameScore)
+        games.extend(score.finished)
+        score.finished = []
+    return games
+
+
 class FireResetEnv(gym.Wrapper):
     """Press FIRE (action 1) then action 2 after every reset: some games wait for FIRE."""
 
@@ -616,9 +657,10 @@ def atari_env(
     For ``*NoFrameskip*`` ids (ALE frameskip 1): time limit of
     ``max_episode_length * skip_rate`` raw frames (the top of a random skip's range), no-op
     reset, max-and-skip (a random skip adds a time limit of ``max_episode_length`` agent
-    steps after it), episodic life, fire reset (games with FIRE), rescale, normalise. For
-    ids where ALE skips frames itself (``ALE/*-v5``) the first three are replaced by a time
-    limit of ``max_episode_length`` agent steps, so frames are never skipped twice.
+    steps after it), game score, episodic life, fire reset (games with FIRE), rescale,
+    normalise. For ids where ALE skips frames itself (``ALE/*-v5``) the first three are
+    replaced by a time limit of ``max_episode_length`` agent steps, so frames are never
+    skipped twice.
 
     Args:
         env_id: a registered ALE id such as ``PongNoFrameskip-v4`` or ``ALE/Pong-v5``.
@@ -675,7 +717,7 @@ def atari_env(
             env = gym.wrappers.TimeLimit(env, max_episode_length)
     else:
         env = gym.wrappers.TimeLimit(env, max_episode_length)
-    env = EpisodicLifeEnv(env)
+    env = EpisodicLifeEnv(GameScore(env))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireResetEnv(env)
     env = AtariRescale(env, env_conf)
@@ -733,7 +775,7 @@ def vector_env(
         env = gym.wrappers.TimeLimit(env, cap)
     if vector_obs_norm:
         env = gym.wrappers.NormalizeObservation(env)
-    return env
+    return GameScore(env)
 
 
 def make_env(

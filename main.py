@@ -572,6 +572,7 @@ class Launcher:
             elapsed=time.time() - self.ctx.start_time,
             skipped_updates=self.ctx.total_skipped(),
             test_rewards=list(self.monitor.rewards),
+            training_games=list(self.monitor.training_games),
             worker_normalizers=dict(self.monitor.worker_normalizers),
             test_normalizer=self.monitor.test_normalizer,
             tensorboard_dir=self.tensorboard_dir,

@@ -223,7 +223,9 @@ class RunMonitor:
         self.dat_trained: dict[str, float] | None = None
         self.worker_normalizers: dict[int, Any] = {}
         self.test_normalizer: Any = None
-        self.train_window: list[dict[str, float]] = []
+        self.train_window: list[dict[str, Any]] = []
+        # Every training game of the run: [frames, seconds, score, steps] at its report.
+        self.training_games: list[list[float]] = []
         self.last_tick = time.time()
         self.last_steps = self.first_steps = ctx.total_steps()
         self.fps = 0.0
@@ -443,7 +445,8 @@ class RunMonitor:
         elif kind == "train":
             if normalizer is not None:  # a cluster's reports carry none: keep what was saved
                 self.worker_normalizers[int(payload["rank"])] = normalizer
-            self.train_window.append(payload)
+            self._training_games(payload.get("games", ()))
+            self.train_window.append(payload)  # with its games: a cluster node passes it on
 
     def restore(self, state: TrainingState) -> None:
         """Continue from a resumed run's test rewards and normaliser statistics."""
@@ -454,6 +457,27 @@ class RunMonitor:
         self.dat_trained = state.dat_trained if self.config.save_max else None
         self.worker_normalizers = dict(state.worker_normalizers)
         self.test_normalizer = state.test_normalizer
+        self.training_games = [list(game) for game in state.training_games]
+
+    def _training_games(self, games: Sequence[Sequence[float]]) -> None:
+        """A worker's finished games (score, steps), stamped with the run's frames and seconds."""
+        if not games:
+            return
+        frames, seconds = self.frames, round(time.time() - self.ctx.start_time, 1)
+        for score, steps in games:
+            self.training_games.append([frames, seconds, float(score), int(steps)])
+
+        def write(writer: Any) -> None:
+            for score, _ in games:
+                writer.add_scalar("train/episode_score", float(score), frames)
+
+        self._to_tensorboard(write)
+
+    @property
+    def training_mean_100(self) -> float | None:
+        """Mean score of the last 100 training games (None before the first)."""
+        recent = [game[2] for game in self.training_games[-100:]]
+        return sum(recent) / len(recent) if recent else None
 
     def _test_game(self, game: dict[str, float]) -> None:
         self.rewards.append(game["reward"])
@@ -528,7 +552,7 @@ class RunMonitor:
         writer.add_scalar("train/lr", lr, frames)
         if self.train_window:
             updates = sum(r["updates"] for r in self.train_window) or 1
-            keys = [k for k in self.train_window[0] if k not in ("rank", "updates")]
+            keys = [k for k in self.train_window[0] if k not in ("rank", "updates", "games")]
             for key in keys:
                 value = sum(r[key] * r["updates"] for r in self.train_window) / updates
                 writer.add_scalar(f"train/{key}", value, frames)
@@ -576,6 +600,8 @@ class RunMonitor:
             "test_games": len(self.rewards),
             "best_test_reward": None if not self.rewards else self.best,
             "test_reward_mean_100": None if not self.rewards else self.mean_100,
+            "training_games": len(self.training_games),
+            "training_score_mean_100": self.training_mean_100,
             "skipped_updates": self.ctx.total_skipped(),
             "stop_reason": stop_reason,
             "exit_code": exit_code,
@@ -585,4 +611,9 @@ class RunMonitor:
         }
         if self.dat_trained is not None:  # the training in --save-max's <env>.dat
             self.record["finished"]["training_in"] = {self.model_name: self.dat_trained}
+        # The run's training games so far, those of the sittings it resumed from too.
+        self.record["training_games"] = {
+            "columns": ["frames", "seconds", "score", "steps"],
+            "games": self.training_games,
+        }
         write_json_atomic(self.record, self.record_path)

@@ -13,7 +13,12 @@ import torch
 from torch import nn
 
 from cli import TrainConfig
-from environment import load_worker_normalizer_state, make_env, worker_normalizer_state
+from environment import (
+    finished_games,
+    load_worker_normalizer_state,
+    make_env,
+    worker_normalizer_state,
+)
 from model import build_model
 from player_util import Agent, NonFiniteError, Rollout
 from shared_optim import make_optimizer, scheduled_lr, set_lr
@@ -531,7 +536,14 @@ def run_worker(
         lap = clock.lap if clock is not None else _no_lap
 
         def send_report() -> None:
-            ctx.report("train", {**stats.flush(rank), "normalizer": worker_normalizer_state(envs)})
+            ctx.report(
+                "train",
+                {
+                    **stats.flush(rank),
+                    "games": finished_games(envs),
+                    "normalizer": worker_normalizer_state(envs),
+                },
+            )
 
         # sync_weights' copies from pinned pages run asynchronously
         cleanup.enter_context(pinned_pages(shared_model, device))

@@ -129,11 +129,11 @@ def test_env_ids_become_safe_file_names(env_id, stem):
 LAYOUT = {
     "format", "model", "optimizer", "steps", "frames", "elapsed", "skipped_updates",
     "test_rewards", "test", "normalizers", "tensorboard_dir", "config", "saved_at",
-    "dat_score", "dat_trained", "log_dir",
+    "dat_score", "dat_trained", "log_dir", "training_games",
 }  # fmt: skip
 """The keys of a state file (format 1): a file written before `TrainingState` has them too
-(but ``dat_score``, ``dat_trained`` and ``log_dir``, added later: `TrainingState.load` infers
-the first for older files and leaves the others unknown)."""
+(but ``dat_score``, ``dat_trained``, ``log_dir`` and ``training_games``, added later:
+`TrainingState.load` infers the first for older files and leaves the others unknown)."""
 
 
 def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
@@ -141,7 +141,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
         model={"w": torch.arange(3.0)},
         optimizer={"state": {0: {"step": torch.tensor(4.0)}}, "param_groups": []},
         steps=120, frames=480, elapsed=33.5, skipped_updates=2,
-        test_rewards=[-21.0, -19.0, -20.0],
+        test_rewards=[-21.0, -19.0, -20.0], training_games=[[400, 30.0, -21.0, 812]],
         worker_normalizers={0: {"kind": "frames", "num_steps": 7}, 1: {"kind": "frames"}},
         test_normalizer={"kind": "frames", "num_steps": 3},
         tensorboard_dir="logs/runs/Pong_1", config={"env": "Pong", "lr": 1e-4}, saved_at=5.0,
@@ -162,7 +162,7 @@ def test_training_state_round_trips_with_the_file_layout_unchanged(tmp_path):
     assert torch.equal(loaded.model["w"], state.model["w"])
     assert loaded.worker_normalizers == state.worker_normalizers  # ranks are ints again
     for name in ("steps", "frames", "elapsed", "skipped_updates", "test_rewards",
-                 "test_normalizer", "tensorboard_dir", "config", "saved_at",
+                 "training_games", "test_normalizer", "tensorboard_dir", "config", "saved_at",
                  "dat_score", "dat_trained", "log_dir"):  # fmt: skip
         assert getattr(loaded, name) == getattr(state, name), name
 
@@ -172,6 +172,7 @@ def test_a_state_without_counters_loads_with_zeros(tmp_path):
     torch.save({"format": 1, "model": {"w": torch.ones(1)}, "optimizer": None}, path)
     state = TrainingState.load(path)
     assert (state.steps, state.skipped_updates, state.test_rewards) == (0, 0, [])
+    assert state.training_games == []
     assert state.worker_normalizers == {} and state.test_normalizer is None
     assert state.dat_score is None
     # A file from before dat_score: a --save-max run's .dat held its best game's weights.

@@ -504,8 +504,13 @@ def test_the_drivers_training_reports_keep_the_normalisers_a_resumed_state_had()
     # A node's reports reach the driver without the workers' normalisers (they stay on the
     # node); a state resumed from a single-machine run keeps the ones it saved.
     saved = {"kind": "vector", "count": 7}
-    monitor = SimpleNamespace(worker_normalizers={0: saved}, train_window=[])
-    RunMonitor.take(monitor, "train", {"rank": 0, "loss": 1.0})
+    games: list = []
+    monitor = SimpleNamespace(
+        worker_normalizers={0: saved}, train_window=[], _training_games=games.extend
+    )
+    RunMonitor.take(monitor, "train", {"rank": 0, "loss": 1.0, "games": [(7.0, 90)]})
+    # A node's monitor keeps the workers' games in the report it passes on to the driver.
+    assert games == [(7.0, 90)] and monitor.train_window[0]["games"] == [(7.0, 90)]
     RunMonitor.take(monitor, "train", {"rank": 1, "loss": 1.0, "normalizer": None})
     assert monitor.worker_normalizers == {0: saved}
     assert [r["rank"] for r in monitor.train_window] == [0, 1]

@@ -12,6 +12,7 @@ from environment import (
     AtariRescale,
     EpisodicLifeEnv,
     FireResetEnv,
+    GameScore,
     MaxAndSkipEnv,
     NoopResetEnv,
     NormalizedEnv,
@@ -20,6 +21,7 @@ from environment import (
     crop_settings,
     env_config,
     find_normalizer,
+    finished_games,
     frames_per_step,
     make_env,
     process_frame,
@@ -33,6 +35,7 @@ from environment import (
     vector_env,
     was_real_done,
 )
+from player_util import force_real_reset
 from tests.conftest import ROOT
 from utils import UsageError
 
@@ -102,6 +105,7 @@ def test_noframeskip_stack_order_and_output(config):
         AtariRescale,
         FireResetEnv,
         EpisodicLifeEnv,
+        GameScore,
         MaxAndSkipEnv,
         NoopResetEnv,
         gym.wrappers.TimeLimit,
@@ -110,7 +114,7 @@ def test_noframeskip_stack_order_and_output(config):
     conf = env_config(config, "PongNoFrameskip-v4")
     random_skip = atari_env("PongNoFrameskip-v4", conf, 50, (2, 4))
     assert [t for t in wrapper_types(random_skip) if t in ours] == [
-        *ours[:4], gym.wrappers.TimeLimit, *ours[4:]
+        *ours[:5], gym.wrappers.TimeLimit, *ours[5:]
     ]  # fmt: skip
     obs, _ = env.reset(seed=0)
     assert obs.shape == (1, 80, 80) and obs.dtype == np.float32
@@ -297,6 +301,46 @@ def test_was_real_done_is_reachable_from_the_full_stack(config):
     steps_until_done(env)
     assert env.get_wrapper_attr("was_real_done") is False
     assert was_real_done(env) is False
+
+
+def test_a_training_game_scores_every_life_and_a_cut_game_not_at_all(config):
+    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
+    env.action_space.seed(3)
+    env.reset(seed=3)
+    total, steps, lives_lost = 0.0, 0, 0
+    while True:  # as a training worker plays: every lost life resets
+        _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        total, steps = total + reward, steps + 1
+        if terminated or truncated:
+            if was_real_done(env):
+                break
+            lives_lost += 1
+            env.reset()
+    assert lives_lost == 4 and total > 0
+    ((score, game_steps),) = finished_games([env])
+    # Every life's reward; the steps also count the resets' presses: FIRE and 2 at the start,
+    # then a no-op, FIRE and 2 after each lost life.
+    assert score == total and game_steps == steps + 2 + 3 * lives_lost
+    assert finished_games([env]) == []  # taken once
+    env.reset()
+    for _ in range(20):
+        env.step(1)
+    force_real_reset(env)  # as the test process does at a stall: the game is cut short
+    env.reset(seed=4)
+    steps_until_done(env)  # a lost life is no game's end either
+    assert finished_games([env]) == []
+
+
+def test_a_vector_games_score_is_its_episodes_reward(config):
+    env = make_env("CartPole-v1", {})
+    env.reset(seed=0)
+    steps = 0
+    while True:
+        _, _, terminated, truncated, _ = env.step(0)
+        steps += 1
+        if terminated or truncated:
+            break
+    assert finished_games([env]) == [(float(steps), steps)]
 
 
 # -- fire reset --------------------------------------------------------------------------------

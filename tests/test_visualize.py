@@ -36,7 +36,7 @@ from visualize import (
 TRAIN_TAGS = {
     "train/fps", "train/lr", "train/policy_loss", "train/value_loss", "train/entropy",
     "train/grad_norm", "train/grad_norm/lstm", "train/grad_norm/actor_linear",
-    "train/grad_norm/critic_linear", "train/grad_norm/fc1",
+    "train/grad_norm/critic_linear", "train/grad_norm/fc1", "train/episode_score",
 }  # fmt: skip
 TEST_TAGS = {"test/episode_reward", "test/episode_length", "test/reward_mean_100"}
 
@@ -103,6 +103,16 @@ def test_run_record_holds_configuration_versions_and_outcome(short_run):
     finished = record["finished"]
     assert finished["steps"] >= 30000 and finished["exit_code"] == 0
     assert finished["test_games"] > 0 and finished["frames"] == finished["steps"]
+    games = record["training_games"]
+    assert games["columns"] == ["frames", "seconds", "score", "steps"]
+    rows = games["games"]
+    assert len(rows) == finished["training_games"] > 100
+    assert all(score == steps >= 8 for _, _, score, steps in rows)  # CartPole: 1 a step
+    frames = [row[0] for row in rows]
+    assert frames == sorted(frames) and frames[0] >= 0 and frames[-1] <= finished["frames"]
+    assert finished["training_score_mean_100"] == pytest.approx(
+        statistics.mean(row[2] for row in rows[-100:])
+    )
 
 
 @pytest.mark.slow
