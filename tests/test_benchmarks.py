@@ -726,3 +726,24 @@ def test_a_benchmark_stopped_with_ctrl_c_says_so_in_one_line(capsys):
     assert bench_training.run_script("bench_step.py", interrupted) == 130
     assert capsys.readouterr().err == "bench_step.py: stopped\n"
     assert bench_training.run_script("bench_step.py", lambda: 0) == 0
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_step_on_a_cpu_in_its_dry_run(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["dry_run"] is True
+    assert set(results["steps"]) == {"machine", "pytest_gpu", "time_to_score"}
+    assert all(step["exit_code"] == 0 for step in results["steps"].values())
+    assert results["machine"]["torch"] == torch.__version__ and results["machine"]["cores"]
+    assert "skipped" in results["pytest_gpu"] and "failed" not in results["pytest_gpu"]
+    score = results["time_to_score"]
+    assert set(score["to_mean"]) == {"0", "10", "18"} and score["frames_at_end"] > 0
+    assert "--envs-per-worker 16 --amsgrad --lr 0.0001" in score["command"]
+    assert "--gpu-ids" not in score["command"]  # a CPU's dry run
+    assert list((out / "logs").glob("*_log")) and (out / "machine.txt").exists()
