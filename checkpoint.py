@@ -291,7 +291,7 @@ def loaded_hidden_size(paths: RunPaths) -> int | None:
     """The LSTM hidden size of what main.py's ``--load`` reads.
 
     The weights of `paths.load_state` where there is one, else of `paths.load_model`
-    (`resume_from`'s choice); None where neither says (no file: the resume says so).
+    (`run_folder.plan`'s choice); None where neither says (no file: the resume says so).
 
     Raises:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects; the
@@ -604,11 +604,7 @@ def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
-                raise UsageError(
-                    f"{flag} {str(folder)!r} is being written by another run of {env_id} "
-                    f"(process {holder}), which would write over this run's files and this run "
-                    f"over its; stop that run first, or give {flag} another folder"
-                ) from None
+                raise _another_run(folder, env_id, flag, holder) from None
             except OSError:  # a file system without locks: run as the original does
                 if made:
                     with contextlib.suppress(OSError):
@@ -626,6 +622,38 @@ def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
         except BaseException:  # the refusal above, or a Ctrl-C: no file left open
             os.close(fd)
             raise
+
+
+def refuse_another_run(folder: str | Path, env_id: str, flag: str) -> None:
+    """Refuse `folder` while another live process holds its run lock; reads, takes nothing.
+
+    Raises:
+        UsageError: another process holds the mark (`hold_run_lock`); names it and the fix.
+    """
+    try:
+        fd = os.open(checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX), os.O_RDONLY)
+    except OSError:  # no lock file: no run there
+        return
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) in _held_run_locks:  # this process's own
+            return
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go when the file closes
+    except BlockingIOError:
+        holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
+        raise _another_run(folder, env_id, flag, holder) from None
+    except OSError:  # a file system without locks
+        return
+    finally:
+        os.close(fd)
+
+
+def _another_run(folder: str | Path, env_id: str, flag: str, holder: str) -> UsageError:
+    return UsageError(
+        f"{flag} {str(folder)!r} is being written by another run of {env_id} (process "
+        f"{holder}), which would write over this run's files and this run over its; stop "
+        f"that run first, or give {flag} another folder"
+    )
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool] | None:

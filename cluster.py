@@ -3,7 +3,7 @@
 ``main.py --ray-address ...`` runs here instead of on one machine. The pieces:
 
 - A **node launcher** on each machine (`NodeLauncher`, a Ray actor pinned to its node) runs
-  the single-machine launcher's Hogwild pool there (`main.Launcher`, part ``workers``): the
+  the single-machine launcher's Hogwild pool there (`launcher.Launcher`, part ``workers``): the
   shared-memory model, the shared optimizer (its statistics stay on the node) and the worker
   processes, spawned and supervised as on one machine.
 - A **parameter server** (`ParameterServer`, an actor on the head) holds the global fp32
@@ -13,7 +13,7 @@
   ``--exchange-precision fp16`` both ways go as fp16 changes whose rounding is carried into
   the next exchange (`ErrorFeedback`): half the bytes, nothing lost over time.
 - The **driver** (this process, on the head) runs the test process and writes the log,
-  TensorBoard, checkpoints and run record as on one machine (`main.Launcher`, part ``test``),
+  TensorBoard, checkpoints and run record as on one machine (`launcher.Launcher`, part ``test``),
   with the weights it pulls from the server.
 
 Ray is imported only here, and only when ``--ray-address`` is given.
@@ -34,7 +34,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from torch import nn
 from cli import TrainConfig, host_port
 from environment import make_env
 from utils import UsageError, check_gpus, check_precision, count_of
+
+if TYPE_CHECKING:
+    from launcher import Launcher
 
 ROOT = Path(__file__).resolve().parent
 
@@ -657,7 +660,7 @@ class NodeLauncher:
         os.chdir(tempfile.gettempdir())
 
         from checkpoint import RunPaths
-        from main import Launcher
+        from launcher import Launcher
         from model import build_model
         from shared_optim import make_optimizer
 
@@ -987,7 +990,7 @@ class ClusterRun:
         Args:
             ray: the imported, connected Ray module.
             config: the run's configuration.
-            launcher: the driver's `main.Launcher` (part ``test``).
+            launcher: the driver's `launcher.Launcher` (part ``test``).
             log: where node events go.
             nodes: the nodes to start on (`pick_nodes`), the head first.
         """
@@ -1289,10 +1292,12 @@ def signals_noted(ray: Any) -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def run_cluster(config: TrainConfig) -> int:
-    """``main.py --ray-address ...``: the whole run; returns the exit code."""
-    from main import prepare
+def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
+    """``main.py --ray-address ...``: the whole run; returns the exit code.
 
+    `prepare` is ``main.prepare``: it builds the driver's launcher (part ``test``) once the
+    nodes are picked.
+    """
     ray = import_ray()
     log = logging.getLogger("a3g.main")
     try:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_step import at_least, main_py_refusal, mode_flags, positive  # noqa: E402
 
 from checkpoint import write_json_atomic  # noqa: E402
-from main import STOPPING  # noqa: E402
+from launcher import STOPPING  # noqa: E402
 from utils import UsageError  # noqa: E402
 
 STATUS = re.compile(
@@ -120,7 +120,7 @@ def role(cmd: str) -> str:
 def steady_frames_per_s(stderr: str, warmup: float) -> tuple[float, float] | None:
     """Frames/s from the first status line after `warmup` seconds to the last, and its seconds.
 
-    Only the lines before main.py's shutdown began count (`main.STOPPING`): the status line
+    Only the lines before main.py's shutdown began count (`launcher.STOPPING`): the status line
     it prints as it closes counts the shutdown's seconds (the children's exit, the saves),
     when no frames are made. The window is timed by the lines' time stamps (milliseconds),
     not their elapsed times (whole seconds: +-1 s in a window of 16-25 s was +-4-6%).

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import gym_eval
-import main
+import launcher
 import utils
 from checkpoint import file_sha256
 from environment import MaxAndSkipEnv
@@ -170,7 +170,7 @@ def test_frames_per_s_is_read_before_the_shutdown():
         for t, frames in ((5, 500), (10, 1_000), (20, 2_000), (30, 3_000))
     ]
     assert bench_training.steady_frames_per_s("".join(lines), warmup=8) == (100.0, 20)
-    stopping = f"2026-11-28 07:00:31,000 : {main.STOPPING}SIGINT received; the files ...\n"
+    stopping = f"2026-11-28 07:00:31,000 : {launcher.STOPPING}SIGINT received; the files ...\n"
     closing = "2026-11-28 07:00:38,000 : status 00h 00m 38s | steps 1 | frames 3,050 | 1\n"
     text = "".join([*lines, stopping, closing])
     assert bench_training.steady_frames_per_s(text, warmup=8) == (100.0, 20)

@@ -31,7 +31,8 @@ from cli import (
     parse_train_args,
 )
 from gym_eval import QUIET_TAIL_STEPS, cut_short, play_in_processes, process_seed
-from main import Child, prepare
+from launcher import Child
+from main import prepare
 from model import A3Clstm
 from monitor import run_totals
 from player_util import GAME_OVER, STALLED, TIME_LIMIT, GameResult

@@ -24,12 +24,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import main
+import run_folder
 import train
 from checkpoint import RunPaths, TrainingState, file_sha256
 from cli import as_dict, parse_train_args
 from environment import load_normalizer_state, make_env, normalizer_state
-from main import STOPPING, Child, prepare
+from launcher import STOPPING, Child, Launcher
+from main import prepare
 from model import A3Clstm, build_model
 from monitor import TENSORBOARD_SECONDS, run_totals
 from tests.conftest import (
@@ -381,7 +382,7 @@ def test_resume_with_a_new_lr_uses_it_and_says_so(tmp_path, caplog):
 
 
 def test_resume_names_the_settings_it_changes_and_the_lr_a_new_budget_gives(caplog):
-    from main import log_changed_settings
+    from run_folder import log_changed_settings
 
     flags = [*PONG_SMALL, "--lr-schedule", "linear", "--lr", "0.001"]
     saved = as_dict(parse_train_args([*flags, "--max-steps", "10000"]))
@@ -1212,7 +1213,7 @@ def test_each_start_of_a_child_is_given_its_own_seeds(tmp_path):
     given: list[tuple[Child, ProcessStart]] = []
 
     def quick_target(child: Child, ctx: ProcessContext) -> tuple:
-        given.append((child, main.Launcher.process_target(launcher, child, ctx)[1][-1]))
+        given.append((child, Launcher.process_target(launcher, child, ctx)[1][-1]))
         return _exit_with, (0,)
 
     launcher.process_target = quick_target
@@ -1603,23 +1604,23 @@ def test_a_run_started_in_the_same_second_as_another_gets_a_name_of_its_own(tmp_
     logs = tmp_path / "logs"
     paths = RunPaths.of(PONG, f"{logs}/", f"{tmp_path}/models/", f"{tmp_path}/models/", False)
     logs.mkdir()
-    monkeypatch.setattr(main.time, "strftime", lambda fmt, *args: "20260101-000000")
+    monkeypatch.setattr(run_folder.time, "strftime", lambda fmt, *args: "20260101-000000")
     name = f"{PONG}_20260101-000000"
-    assert main.new_run_name(PONG, paths) == name  # nothing in the folder yet
+    assert run_folder.new_run_name(PONG, paths) == name  # nothing in the folder yet
     (paths.runs / name).mkdir(parents=True)  # its TensorBoard folder (--tensorboard-logger)
-    assert main.new_run_name(PONG, paths) == f"{name}-2"
+    assert run_folder.new_run_name(PONG, paths) == f"{name}-2"
     (paths.runs / name).rmdir()
     block = "2026-01-01 00:00:00,000 : tensorboard_dir: {}\n"
     paths.log.write_text(block.format(paths.runs / name))  # the log alone names it
-    assert main.new_run_name(PONG, paths) == f"{name}-2"
+    assert run_folder.new_run_name(PONG, paths) == f"{name}-2"
     paths.log.write_text(block.format(paths.runs / name) + block.format(f"elsewhere/{name}-2"))
-    assert main.new_run_name(PONG, paths) == f"{name}-3"  # by name, as the log is read
+    assert run_folder.new_run_name(PONG, paths) == f"{name}-3"  # by name, as the log is read
     paths.log.unlink()
     paths.record.write_text(json.dumps({"config": {"tensorboard_dir": str(paths.runs / name)}}))
-    assert main.new_run_name(PONG, paths) == f"{name}-2"  # the record alone names it
+    assert run_folder.new_run_name(PONG, paths) == f"{name}-2"  # the record alone names it
     for unfit in ("[1]", "{", '{"config": {"tensorboard_dir": 3}}'):  # set aside by the run
         paths.record.write_text(unfit)
-        assert main.new_run_name(PONG, paths) == name
+        assert run_folder.new_run_name(PONG, paths) == name
 
 
 def test_a_run_without_load_never_writes_over_an_earlier_runs_training_state(

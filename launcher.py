@@ -1,0 +1,578 @@
+"""The launcher: starts the test process and the workers, supervises them, saves at the stop.
+
+`Launcher.run` starts the children with the shared model and optimizer ``main.prepare``
+built, restarts the dead, and at the stop saves the weights, the training state and the run
+record. A cluster runs its parts with it too (`PARTS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from checkpoint import RunPaths, TrainingState, cpu_state_dict, save_atomic, untrained
+from cli import TrainConfig, as_dict
+from environment import frames_per_step
+from monitor import RunMonitor
+from test import test
+from train import train
+from utils import (
+    FATAL_EXIT,
+    ProcessContext,
+    ProcessStart,
+    ReportChannels,
+    UsageError,
+    count_of,
+    format_elapsed,
+    sigint_ignored,
+)
+from visualize import plot_curve
+
+
+@dataclass(frozen=True)
+class Child:
+    """One process the launcher starts and supervises: a training worker, or the test process.
+
+    Attributes:
+        rank: the training worker's rank; None for the test process.
+    """
+
+    rank: int | None = None
+
+    @property
+    def is_test(self) -> bool:
+        """This is the test process."""
+        return self.rank is None
+
+    @property
+    def title(self) -> str:
+        """The process title (``Train Agent: <rank>`` or ``Test Agent``, as the original)."""
+        return "Test Agent" if self.rank is None else f"Train Agent: {self.rank}"
+
+
+PARTS = ("all", "workers", "test")
+"""What a launcher runs: ``all`` (one machine: the test process and the workers);
+``workers`` (a cluster node: its Hogwild pool, no files written); ``test`` (the cluster's head:
+the test process and the run's files, with the weights the parameter server sends)."""
+
+
+class Launcher:
+    """Starts the test process and the workers, supervises them, restarts the dead, shuts down.
+
+    The same class runs a cluster's parts (`PARTS`); `cluster.py` adds the synchronisation
+    through `on_poll`, called on every supervision round.
+    """
+
+    JOIN_SECONDS = 10.0
+    POLL_SECONDS = 0.25
+    RESTART_LIMIT = 3
+    RESTART_WINDOW = 600.0
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        paths: RunPaths,
+        env_conf: dict[str, int],
+        shared_model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        observation_shape: tuple[int, ...],
+        tensorboard_dir: str,
+        resumed: TrainingState | None = None,
+        part: str = "all",
+        extra_slots: int = 0,
+        earlier_logs: Path | None = None,
+        resumed_steps: int | None = None,
+    ):
+        """Hold what the children get; nothing starts and no file is written until `run`.
+
+        Args:
+            config: the run's configuration.
+            paths: the run's files.
+            env_conf: the game's ``config.json`` entry.
+            shared_model: the shared-memory model.
+            optimizer: the shared optimizer (None: each worker has its own).
+            observation_shape: one observation's shape (for the TensorBoard graph).
+            tensorboard_dir: the run's TensorBoard folder, also its name in the log.
+            resumed: the training state this run continues, if any.
+            part: which processes to run (`PARTS`).
+            extra_slots: step-counter slots beyond the workers' (a cluster node writes the
+                other nodes' steps there, so its workers see the cluster's total).
+            earlier_logs: the resumed sittings' ``--log-dir``, where it is another
+                (`earlier_log_dir`): the run record goes on from theirs.
+            resumed_steps: the steps this sitting resumed from, for the children's seeds
+                (`ProcessStart`; default: those of `resumed`, else 0).
+        """
+        if part not in PARTS:
+            raise ValueError(f"expected part in {PARTS}, got {part!r}")
+        self.part = part
+        self.on_poll: Callable[[], None] | None = None
+        self.before_shutdown: Callable[[], None] | None = None
+        self.config = config
+        self.paths = paths
+        self.env_conf = env_conf
+        self.shared_model = shared_model
+        self.optimizer = optimizer
+        self.tensorboard_dir = tensorboard_dir
+        self.resumed = resumed
+        self.earlier_logs = earlier_logs
+        self.log_dir = str(Path(config.log_dir).resolve())  # for the state (once: the working
+        # directory may be gone by a later save)
+        self.log = logging.getLogger("a3g.main")
+        self.stop_reason = ""
+        self.failed = False
+        self.final_saved = True
+        self.state_saved = True
+        self.stopped_untrained: bool | None = None  # `trained_nothing`, fixed when the stop came
+
+        self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
+        self.ctx = ProcessContext.create(
+            self.mp,
+            config.max_steps,
+            steps=0 if resumed is None else resumed.steps,
+            elapsed=0.0 if resumed is None else resumed.elapsed,
+            skipped=0 if resumed is None else resumed.skipped_updates,
+            slots=(1 if part == "test" else config.workers) + extra_slots,
+        )
+        self.channels = ReportChannels(self.mp)
+        self.children = [
+            *([Child(None)] if part != "workers" else []),
+            *(Child(rank) for rank in range(config.workers if part != "test" else 0)),
+        ]
+        self.processes: dict[Child, mp.process.BaseProcess] = {}
+        if resumed_steps is None:
+            resumed_steps = 0 if resumed is None else resumed.steps
+        self.resumed_steps = resumed_steps
+        self.starts: dict[Child, int] = {}  # each child's starts so far, for its seeds
+        self.deaths: dict[Child, list[float]] = {}
+        self.pending_causes: dict[str, tuple[str, str]] = {}
+        self._signals = 0
+        self.next_state_save = time.monotonic() + config.state_interval
+        self.monitor = RunMonitor(
+            config,
+            shared_model,
+            observation_shape,
+            frames_per_step(config.env, config.frame_skip),
+            self.ctx,
+            self.log,
+            paths,
+            tensorboard_dir,
+        )
+        if resumed is not None:
+            self.monitor.restore(resumed)
+        # The score of <env>.dat the last state save wrote (or tried to: a failed one waits
+        # for the next --state-interval, not the next poll).
+        self.state_dat_score = self.monitor.dat_score
+
+    def drain_reports(self, child: Child | None = None) -> None:
+        """Take the reports that have arrived (all, or `child`'s): errors kept, others monitored."""
+        for sender, kind, payload in self.channels.receive(child):
+            if kind == "error":
+                self.pending_causes[sender.title] = (payload["cause"], payload["traceback"])
+            else:
+                self.monitor.take(kind, payload)
+
+    def training_state(self) -> TrainingState:
+        """The run as it stands, for the state file."""
+        self.drain_reports()
+        return TrainingState(
+            model=cpu_state_dict(self.shared_model),
+            optimizer=None if self.optimizer is None else self.optimizer.state_dict(),
+            steps=self.ctx.total_steps(),
+            frames=self.monitor.frames,
+            elapsed=time.time() - self.ctx.start_time,
+            skipped_updates=self.ctx.total_skipped(),
+            test_rewards=list(self.monitor.rewards),
+            training_games=list(self.monitor.training_games),
+            worker_normalizers=dict(self.monitor.worker_normalizers),
+            test_normalizer=self.monitor.test_normalizer,
+            tensorboard_dir=self.tensorboard_dir,
+            config=as_dict(self.config),
+            saved_at=time.time(),
+            # Without --save-max every game replaces <env>.dat: a score saved here would be
+            # stale by the next game, and a resume with --save-max would trust it.
+            dat_score=self.monitor.dat_score if self.config.save_max else None,
+            dat_trained=self.monitor.dat_trained if self.config.save_max else None,
+            log_dir=self.log_dir,
+        )
+
+    def save_state(self) -> bool:
+        """Write the training-state file atomically; a failure is logged and the old file kept.
+
+        Returns:
+            Whether it was written.
+        """
+        state = self.training_state()
+        self.state_dat_score = state.dat_score
+        try:
+            state.save(self.paths.state)
+        except OSError as err:
+            self.log.error(
+                f"could not save the training state {self.paths.state} ({err}); "
+                "the previous file is kept"
+            )
+            return False
+        return True
+
+    def state_due(self) -> bool:
+        """Whether to write the training state now.
+
+        Every ``--state-interval`` seconds, and at once after a ``--save-max`` run saved a new
+        best test game's weights: a resume takes the score a game must match to replace
+        ``<env>.dat`` from the state, and one written before (a crash in between) would let
+        a worse game replace the best weights.
+        """
+        if self.config.state_interval <= 0 or self.trained_nothing():
+            return False
+        new_best = self.config.save_max and self.monitor.dat_score != self.state_dat_score
+        return new_best or time.monotonic() >= self.next_state_save
+
+    def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
+        """The entry point and arguments of `child`, with the latest normaliser statistics.
+
+        Its `ProcessStart` is the next of its starts: a restart's or a resumed sitting's
+        draws seeds of its own.
+        """
+        monitor = self.monitor
+        start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
+        if child.is_test:
+            return test, (
+                self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
+                ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
+                self.ctx.total_steps(), start,
+            )  # fmt: skip
+        return train, (
+            child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,
+            monitor.worker_normalizers.get(child.rank), start,
+        )  # fmt: skip
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if self._signals == 1:  # a run already stopping (its budget reached) keeps its reason
+            self.stop_reason = self.stop_reason or f"{signal.Signals(signum).name} received"
+            self.latch_untrained()  # before the workers hear of it
+            self.ctx.request_stop()
+
+    def start(self) -> None:
+        """Start the test process and the workers."""
+        for child in self.children:
+            self._start(child)
+
+    def _start(self, child: Child) -> None:
+        """Start (or restart) one child, SIGINT ignored in it from the start (`sigint_ignored`)."""
+        ctx = self.channels.open(child, self.ctx, -1 if child.rank is None else child.rank)
+        target, args = self.process_target(child, ctx)
+        proc = self.mp.Process(target=target, args=args, name=child.title, daemon=False)
+        with sigint_ignored():
+            proc.start()
+        self.starts[child] = self.starts.get(child, 0) + 1
+        self.channels.started(ctx)
+        self.processes[child] = proc
+
+    def supervise(self) -> None:
+        """Wait until a signal, the step budget, the workers' end or a failure; restart the dead.
+
+        A child that dies is reported with its name, pid and cause, and started again (it
+        takes the latest shared weights at its next rollout). A child that dies more than
+        `RESTART_LIMIT` times within `RESTART_WINDOW` seconds, or fails with an error no
+        restart can fix (exit code `FATAL_EXIT`), stops the run.
+        """
+        while not self.ctx.stopping():
+            for child, proc in list(self.processes.items()):
+                if proc.exitcode not in (None, 0) and not self._handle_death(child, proc):
+                    return
+            workers = [p for child, p in self.processes.items() if not child.is_test]
+            if workers and all(p.exitcode == 0 for p in workers):
+                self.stop_reason = (
+                    f"--max-steps {self.config.max_steps} reached"
+                    if self.ctx.budget_reached()
+                    else "all workers finished"
+                )
+                return
+            if self.ctx.budget_reached() and not self.stop_reason:
+                self.stop_reason = f"--max-steps {self.config.max_steps} reached"
+            if self.on_poll is not None:
+                self.on_poll()
+            if self.ctx.budget_reached() and self.part == "test":
+                self.stop_reason = f"--max-steps {self.config.max_steps} reached"
+                return
+            if self.part != "workers":
+                self.drain_reports()
+                if self.state_due():
+                    self.save_state()
+                    self.next_state_save = time.monotonic() + self.config.state_interval
+                self.monitor.tick()
+            else:
+                self.drain_reports()
+            time.sleep(self.POLL_SECONDS)
+
+    def _handle_death(self, child: Child, proc: mp.process.BaseProcess) -> bool:
+        """Report a dead child and restart it; False when the run must stop instead."""
+        self.drain_reports(child)  # to the end of its pipe: its error report, its last numbers
+        code = proc.exitcode
+        how = (
+            f"killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exit code {code}"
+        )
+        cause, trace = self.pending_causes.pop(
+            child.title, ("no error report (it died without raising)", "")
+        )
+        if trace:
+            self.log.error(f"{child.title} traceback:\n{trace.rstrip()}")
+        now = time.monotonic()
+        deaths = [t for t in self.deaths.get(child, []) if now - t < self.RESTART_WINDOW]
+        deaths.append(now)
+        self.deaths[child] = deaths
+        what = f"{child.title} (pid {proc.pid}) died: {how}; {cause}"
+        if code == FATAL_EXIT:
+            self.failed = True
+            self.stop_reason = what
+            return False
+        if len(deaths) > self.RESTART_LIMIT:
+            self.failed = True
+            self.stop_reason = (
+                f"{what}; it died {len(deaths)} times in {self.RESTART_WINDOW / 60:.0f} minutes, "
+                "so the run stops"
+            )
+            return False
+        self.log.warning(f"{what}; restarting it with the latest weights")
+        self._start(child)
+        return True
+
+    def trained_nothing(self) -> bool:
+        """Whether this is a fresh run stopped before its first step: nothing to save.
+
+        Its weights are the random ones it began with, which must not replace a ``<env>.dat``
+        there (the shipped agent, in the default ``trained_models/``), and a training state of
+        them would only refuse the next fresh run. A run that loaded weights, and a cluster's
+        driver, save as ever. From the stop on, the answer the stop found: a rollout the
+        workers count while they stop does not make its weights worth saving over a ``.dat``.
+        """
+        if self.stopped_untrained is not None:
+            return self.stopped_untrained
+        return self.part == "all" and untrained(self.config.load, self.ctx.total_steps())
+
+    def latch_untrained(self) -> None:
+        """Fix `trained_nothing`'s answer as the stop comes (the first signal, or shutdown)."""
+        if self.stopped_untrained is None:
+            self.stopped_untrained = self.trained_nothing()
+
+    def shutdown(self) -> None:
+        """Stop every child, then save the latest weights and the training state."""
+        self.latch_untrained()
+        self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
+        if self.part != "workers":  # a cluster node's pool: its driver says it
+            then = (
+                "nothing trained to save" if self.trained_nothing() else "the files are saved next"
+            )
+            self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; {then}")
+        if self.before_shutdown is not None:
+            try:
+                self.before_shutdown()  # a cluster's driver: the nodes' last exchanges
+            except Exception as err:  # the weights already pulled are still saved
+                self.log.error(f"stopping the cluster failed: {type(err).__name__}: {err}")
+        self.stop_children()
+        if self.trained_nothing():
+            self.log.info(
+                "nothing was trained before the stop: no weights or training state written to "
+                f"{self.config.save_model_dir}"
+            )
+            return
+        try:
+            save_atomic(cpu_state_dict(self.shared_model), self.paths.final_model)
+        except OSError as err:
+            self.log.error(
+                f"could not save {self.paths.final_model} ({err}); the previous file is kept"
+            )
+            self.final_saved = False
+        self.state_saved = self.save_state()
+
+    def stop_children(self) -> None:
+        """Ask every child to stop and wait for it (terminate, then kill, the slow ones).
+
+        The children's last reports are read while they are waited for: a child blocked on
+        a full pipe would otherwise never exit.
+        """
+        self.ctx.request_stop()
+        deadline = time.monotonic() + self.JOIN_SECONDS
+        while time.monotonic() < deadline:
+            self.drain_reports()
+            if not any(proc.is_alive() for proc in self.processes.values()):
+                break
+            time.sleep(0.05)
+        # The slow ones all at once: a few seconds in all, not a few per child.
+        slow = {child: proc for child, proc in self.processes.items() if proc.is_alive()}
+        if slow:  # one line: 32 children still starting when a Ctrl-C came are one event
+            named = ", ".join(f"{child.title} (pid {proc.pid})" for child, proc in slow.items())
+            them = "it" if len(slow) == 1 else "them"
+            self.log.warning(f"{named} did not stop in time; terminating {them}")
+        for proc in slow.values():
+            proc.terminate()
+        self._join_all(slow.values(), 3.0)
+        for proc in slow.values():
+            if proc.is_alive():
+                proc.kill()
+        # 10 s: one stuck in the kernel (a hung GPU driver) may not go even then.
+        self._join_all(slow.values(), 10.0)
+        for child, proc in slow.items():
+            if proc.is_alive():
+                self.log.error(
+                    f"{child.title} (pid {proc.pid}) did not exit after SIGKILL; saving anyway"
+                )
+        self.drain_reports()
+        for title, (cause, _) in self.pending_causes.items():
+            self.log.error(f"{title} also failed: {cause}")
+
+    @staticmethod
+    def _join_all(processes: Iterable[mp.process.BaseProcess], seconds: float) -> None:
+        """Wait for `processes` to exit, `seconds` at most in all."""
+        deadline = time.monotonic() + seconds
+        for proc in processes:
+            proc.join(max(0.0, deadline - time.monotonic()))
+
+    def weights_left(self) -> set[Path]:
+        """The files of weights this run left, for its record to name (`RunMonitor.close`).
+
+        Under ``--save-max`` only the test games write ``<env>.dat``: it is this run's where
+        its score is known (a game of this sitting or of the sittings resumed saved it), else
+        another's found in the folder (no game saved yet), which the record must not claim.
+        """
+        if self.trained_nothing():  # nothing saved: no test game saves untrained weights
+            return set()
+        left = {self.paths.final_model, self.paths.state}
+        if not self.config.save_max or self.monitor.dat_score is not None:
+            left.add(self.paths.model)
+        return left
+
+    def write_curve(self) -> None:
+        """The training curve PNG beside the log, when the run had test games."""
+        if not self.monitor.rewards:
+            return
+        try:
+            plot_curve(self.paths.log, self.paths.curve)
+        except (UsageError, OSError) as err:
+            self.log.warning(f"no training curve: {err}")
+        else:
+            self.log.info(f"training curve in {self.paths.curve}")
+
+    @contextlib.contextmanager
+    def signals_caught(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the run (`_on_signal`) inside, as they did before outside."""
+        handlers = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def run(self) -> int:
+        """Start, supervise, shut down; returns the exit code (`main`'s)."""
+        with self.signals_caught():  # from the first moment: a Ctrl-C always stops and saves
+            return self._run()
+
+    def open_record(self) -> None:
+        """Start the run record and TensorBoard (`RunMonitor.open`), once, before any child.
+
+        Raises:
+            UsageError: they cannot be written (a full disk): nothing has started, and the
+                record of the sittings before is as it was.
+        """
+        if self.monitor.record:
+            return
+        try:
+            self.monitor.open(
+                resumed_from=None if self.resumed is None else str(self.paths.load_state),
+                weights_from=str(self.paths.load_model)
+                if self.config.load and self.resumed is None
+                else None,
+                earlier_record=None
+                if self.earlier_logs is None
+                else self.earlier_logs / self.paths.record.name,
+            )
+        except OSError as err:
+            raise UsageError(
+                f"cannot start the run record {self.paths.record} or TensorBoard under "
+                f"{self.config.log_dir} ({err}); free space there or pick another --log-dir"
+            ) from None
+
+    def _run(self) -> int:
+        self.open_record()
+        cores = os.cpu_count() or 1
+        if self.part == "all" and self.config.workers > cores:
+            self.log.warning(
+                f"{self.config.workers} workers on {cores} CPU cores: they will share cores and "
+                f"each run slower; --workers {cores} is usually faster"
+            )
+        try:
+            if not self.ctx.stopping():  # a cluster's nodes started, then a signal: none here
+                self.start()
+            where = describe_devices(self.config.gpu_ids)
+            self.log.info(
+                f"training {self.config.env} with {count_of(self.config.workers, 'worker')}"
+                + (" per node" if self.part == "test" else "")
+                + f" on {where}; Ctrl-C stops and saves"
+            )
+            self.supervise()
+        except Exception as err:  # a bug, or an engine's error (Ray's): saved and recorded still
+            self.log.exception(f"the launcher failed: {type(err).__name__}: {err}; stopping")
+            self.failed = True
+            self.stop_reason = f"the launcher failed: {type(err).__name__}: {err}"
+        finally:
+            self.shutdown()
+        # A final save that failed lost data: scripts must see it, though nothing crashed.
+        exit_code = 1 if self.failed or not (self.final_saved and self.state_saved) else 0
+        try:
+            self.monitor.close(
+                self.stop_reason or "done",
+                exit_code,
+                weights=sorted(self.weights_left()),
+            )
+        except OSError as err:
+            self.log.error(f"could not complete the run record {self.paths.record} ({err})")
+            exit_code = 1
+        self.write_curve()
+        steps = self.ctx.total_steps()
+        message = (
+            f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
+            f"{format_elapsed(time.time() - self.ctx.start_time)}; "
+            + (
+                "nothing saved (untrained when the stop came)"
+                if self.trained_nothing()
+                else f"model saved to {self.paths.final_model}"
+                if self.final_saved
+                else f"model NOT saved to {self.paths.final_model} (see the error above)"
+            )
+            + (
+                ""
+                if self.state_saved
+                else f"; training state NOT saved to {self.paths.state} (see the error above)"
+            )
+        )
+        if exit_code:
+            self.log.error(message)
+        else:
+            self.log.info(message)
+        return exit_code
+
+
+STOPPING = "stopping: "
+"""How the line that starts a run's shutdown begins: status lines after it count the
+shutdown's seconds, when no frames are made (the benchmarks read frames/s before it)."""
+
+
+def describe_devices(gpu_ids: tuple[int, ...]) -> str:
+    """``CPU`` or ``GPU 0, 1``."""
+    return "CPU" if list(gpu_ids) == [-1] else "GPU " + ", ".join(map(str, gpu_ids))
