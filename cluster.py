@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from cli import TrainConfig, host_port
-from environment import make_env
+from environment import EnvSpec, make_env
 from utils import UsageError, check_gpus, check_precision, count_of
 
 if TYPE_CHECKING:
@@ -633,7 +633,7 @@ class NodeLauncher:
     def __init__(
         self,
         config: TrainConfig,
-        env_conf: dict[str, int],
+        spec: EnvSpec,
         server: Any,
         node: str,
         index: int,
@@ -643,7 +643,7 @@ class NodeLauncher:
 
         Args:
             config: the run's configuration (``--workers`` etc. are per node).
-            env_conf: the game's ``config.json`` entry.
+            spec: how its workers build their envs.
             server: the `ParameterServer` actor.
             node: this node's Ray id.
             index: this node's start in the run (0 = the head), for worker seeds and ranks.
@@ -673,10 +673,7 @@ class NodeLauncher:
         self.node = node
         self.index = index
         self.ray = ray
-        env = make_env(
-            config.env, env_conf, config.max_episode_length, config.frame_skip,
-            config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
-        )  # fmt: skip
+        env = make_env(spec)
         model = build_model(env.observation_space, env.action_space, config.hidden_size)
         shape = env.observation_space.shape
         env.close()
@@ -701,7 +698,7 @@ class NodeLauncher:
             config.env, config.log_dir, config.save_model_dir, config.load_model_dir, False
         )
         self.pool = Launcher(
-            self.config, paths, env_conf, model, optimizer, shape, "", part="workers",
+            self.config, paths, spec, model, optimizer, shape, "", part="workers",
             extra_slots=1, resumed_steps=joined["base_steps"],
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
@@ -1041,7 +1038,7 @@ class ClusterRun:
         place = self.places[node_id] = pick_place(self.places.get(node_id), taken)
         actor = self.node_actor.options(
             num_cpus=0, max_concurrency=2, scheduling_strategy=pinned(node_id)
-        ).remote(self.config, self.launcher.env_conf, self.server, node_id, index, place)
+        ).remote(self.config, self.launcher.spec, self.server, node_id, index, place)
         self.actors[node_id] = actor
         self.runs[actor.run.remote()] = node_id
         self.starts[node_id] = self.starts.get(node_id, 0) + 1

@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 import json
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, SupportsFloat
 
 import cv2
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec as RegisteredSpec
 
 from utils import UsageError, require_at_least
 
@@ -180,7 +181,7 @@ def register_games() -> None:
     gym.register_envs(ale_py)
 
 
-def lookup_spec(env_id: str) -> EnvSpec:
+def lookup_spec(env_id: str) -> RegisteredSpec:
     """Return the registered spec of `env_id`.
 
     Raises:
@@ -724,7 +725,7 @@ def atari_env(
     return NormalizedEnv(env)
 
 
-def vector_episode_cap(spec: EnvSpec, max_episode_length: int) -> int:
+def vector_episode_cap(spec: RegisteredSpec, max_episode_length: int) -> int:
     """Agent steps before a non-Atari game is cut.
 
     `max_episode_length` only shortens the env's registered time limit (CartPole's 500 stays
@@ -778,37 +779,53 @@ def vector_env(
     return GameScore(env)
 
 
-def make_env(
-    env_id: str,
-    env_conf: dict[str, int],
-    max_episode_length: int = 10000,
-    skip_rate: FrameSkip = 4,
-    vector_obs_norm: bool = False,
-    render_mode: str | None = None,
-    repeat_action_probability: float | None = None,
-) -> gym.Env:
-    """Build the env for `env_id`: the Atari stack for ALE games, `vector_env` otherwise.
+@dataclass(frozen=True)
+class EnvSpec:
+    """How every env of a run is built: made once from the configuration, given to each process.
 
-    Args:
+    Attributes:
         env_id: any registered id.
-        env_conf: the game's `config.json` entry (`env_config`; unused outside Atari).
+        crop: the game's `config.json` entry (`crop_settings`; empty outside Atari).
         max_episode_length: agent steps before an episode is cut.
         skip_rate: raw frames per agent step on ``NoFrameskip`` ids (`FrameSkip`).
-        vector_obs_norm: standardise vector observations (not Atari frames, which are
-            always normalised).
-        render_mode: passed to ``gymnasium.make``.
+        vector_obs_norm: standardise vector observations (Atari frames are always normalised).
         repeat_action_probability: sticky actions on ALE games (see `atari_env`); None keeps
             the id's own.
+    """
+
+    env_id: str
+    crop: dict[str, int] = field(default_factory=dict)
+    max_episode_length: int = 10000
+    skip_rate: FrameSkip = 4
+    vector_obs_norm: bool = False
+    repeat_action_probability: float | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> EnvSpec:
+        """The spec of a `cli` configuration; reads its ``--env-config`` (once, here)."""
+        return cls(
+            config.env, crop_settings(config.env_config, config.env), config.max_episode_length,
+            config.frame_skip, config.vector_obs_norm, config.repeat_action_probability,
+        )  # fmt: skip
+
+
+def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """Build `spec`'s env: the Atari stack for ALE games, `vector_env` otherwise.
+
+    Args:
+        spec: what to build.
+        render_mode: passed to ``gymnasium.make`` (gym_eval.py's videos and window).
 
     Raises:
         UsageError: see `atari_env`, `vector_env` and `check_flags_apply`.
     """
-    check_flags_apply(env_id, repeat_action_probability, vector_obs_norm)
-    if is_atari(env_id):
+    check_flags_apply(spec.env_id, spec.repeat_action_probability, spec.vector_obs_norm)
+    if is_atari(spec.env_id):
         return atari_env(
-            env_id, env_conf, max_episode_length, skip_rate, render_mode, repeat_action_probability
-        )
-    return vector_env(env_id, max_episode_length, vector_obs_norm, render_mode)
+            spec.env_id, spec.crop, spec.max_episode_length, spec.skip_rate, render_mode,
+            spec.repeat_action_probability,
+        )  # fmt: skip
+    return vector_env(spec.env_id, spec.max_episode_length, spec.vector_obs_norm, render_mode)
 
 
 def check_flags_apply(

@@ -42,8 +42,8 @@ from checkpoint import (
 )
 from cli import EvalConfig, parse_eval_args
 from environment import (
+    EnvSpec,
     FrameSkip,
-    crop_settings,
     frames_per_step,
     is_atari,
     make_env,
@@ -299,14 +299,6 @@ def training_record(
     }
 
 
-def eval_env(args: EvalConfig, env_conf: dict[str, int], render_mode: str | None) -> gym.Env:
-    """The env the evaluation plays (`render_mode`: ``rgb_array`` to record, ``human`` to show)."""
-    return make_env(
-        args.env, env_conf, args.max_episode_length, args.frame_skip, args.vector_obs_norm,
-        render_mode=render_mode, repeat_action_probability=args.repeat_action_probability,
-    )  # fmt: skip
-
-
 def recorded_render_mode(args: EvalConfig) -> str | None:
     """``rgb_array`` where the games are recorded (``--new-gym-eval``, ``--demo``)."""
     return "rgb_array" if args.new_gym_eval or args.demo else None
@@ -341,7 +333,7 @@ def check_playable(args: EvalConfig, model_path: Path) -> int:
         gym.error.DependencyNotInstalled: drawing the env needs a package not installed.
     """
     render_mode = recorded_render_mode(args)
-    env = eval_env(args, crop_settings(args.env_config, args.env), render_mode)
+    env = make_env(EnvSpec.of(args), render_mode)
     try:
         width = loaded_model(args, model_path, env).hidden_size
         if render_mode is not None:
@@ -378,15 +370,15 @@ def play_games(
         watch_model: called with the network once it holds the weights (to hook its forward).
     """
     stem = env_file_stem(args.env)
-    env_conf = crop_settings(args.env_config, args.env)
+    spec = EnvSpec.of(args)
     device = worker_device(args.gpu_id)
     torch.set_num_threads(args.threads)
     torch.manual_seed(first_seed)
 
-    env = eval_env(args, env_conf, recorded_render_mode(args))
+    env = make_env(spec, recorded_render_mode(args))
     if wrap_env is not None:
         env = wrap_env(env)
-    shown = eval_env(args, env_conf, "human") if args.render else None
+    shown = make_env(spec, "human") if args.render else None
     model = loaded_model(args, model_path, env)
     model.to(device).eval()
     if model.channels_last_suits(device):

@@ -23,7 +23,7 @@ from torch import nn
 
 from checkpoint import RunPaths, TrainingState, cpu_state_dict, save_atomic, untrained
 from cli import TrainConfig, as_dict
-from environment import frames_per_step
+from environment import EnvSpec, frames_per_step
 from monitor import RunMonitor
 from test import test
 from train import train
@@ -83,7 +83,7 @@ class Launcher:
         self,
         config: TrainConfig,
         paths: RunPaths,
-        env_conf: dict[str, int],
+        spec: EnvSpec,
         shared_model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
         observation_shape: tuple[int, ...],
@@ -99,7 +99,7 @@ class Launcher:
         Args:
             config: the run's configuration.
             paths: the run's files.
-            env_conf: the game's ``config.json`` entry.
+            spec: how the children build their envs.
             shared_model: the shared-memory model.
             optimizer: the shared optimizer (None: each worker has its own).
             observation_shape: one observation's shape (for the TensorBoard graph).
@@ -120,7 +120,7 @@ class Launcher:
         self.before_shutdown: Callable[[], None] | None = None
         self.config = config
         self.paths = paths
-        self.env_conf = env_conf
+        self.spec = spec
         self.shared_model = shared_model
         self.optimizer = optimizer
         self.tensorboard_dir = tensorboard_dir
@@ -247,12 +247,12 @@ class Launcher:
         start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
         if child.is_test:
             return test, (
-                self.config, self.env_conf, self.paths, self.tensorboard_dir, self.shared_model,
+                self.config, self.spec, self.paths, self.tensorboard_dir, self.shared_model,
                 ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
                 self.ctx.total_steps(), start,
             )  # fmt: skip
         return train, (
-            child.rank, self.config, self.env_conf, self.shared_model, self.optimizer, ctx,
+            child.rank, self.config, self.spec, self.shared_model, self.optimizer, ctx,
             monitor.worker_normalizers.get(child.rank), start,
         )  # fmt: skip
 

@@ -24,7 +24,7 @@ import torch
 import run_folder
 from checkpoint import release_run_locks
 from cli import TrainConfig, parse_train_args
-from environment import crop_settings, make_env, protocol, short_episode_warning
+from environment import EnvSpec, make_env, protocol, short_episode_warning
 from launcher import Launcher
 from model import build_model
 from shared_optim import make_optimizer
@@ -56,11 +56,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     check_precision(config.precision, config.gpu_ids)
     cluster = part == "test"
     run = run_folder.plan(config, cluster=cluster)
-    env_conf = crop_settings(config.env_config, config.env)  # read once, here
-    env = make_env(
-        config.env, env_conf, config.max_episode_length, config.frame_skip,
-        config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
-    )  # fmt: skip
+    spec = EnvSpec.of(config)  # config.json read once, here
+    env = make_env(spec)
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
 
@@ -81,7 +78,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     if short is not None:
         log.warning(short)
     return Launcher(
-        config, run.paths, env_conf, shared_model, optimizer, observation_space.shape,
+        config, run.paths, spec, shared_model, optimizer, observation_space.shape,
         run.tensorboard_dir, run.state, part=part, earlier_logs=run.earlier_logs,
     )  # fmt: skip
 

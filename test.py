@@ -12,7 +12,13 @@ from torch import nn
 
 from checkpoint import RunPaths, cpu_state_dict, save_atomic, untrained
 from cli import TrainConfig, as_dict
-from environment import frames_per_step, load_normalizer_state, make_env, normalizer_state
+from environment import (
+    EnvSpec,
+    frames_per_step,
+    load_normalizer_state,
+    make_env,
+    normalizer_state,
+)
 from model import build_model
 from player_util import STOPPED, GreedyPlayer
 from utils import (
@@ -28,7 +34,7 @@ from utils import (
 
 def run_test(
     config: TrainConfig,
-    env_conf: dict[str, int],
+    spec: EnvSpec,
     paths: RunPaths,
     run_dir: str,
     shared_model: nn.Module,
@@ -53,7 +59,7 @@ def run_test(
 
     Args:
         config: the run's configuration (all of it is logged first).
-        env_conf: the game's ``config.json`` entry.
+        spec: how to build its env.
         paths: the run's files (the log, the ``.dat``).
         run_dir: the run's TensorBoard folder, logged with the arguments: it names the run,
             so a curve drawn from the log follows it across restarts and resumes.
@@ -78,10 +84,7 @@ def run_test(
 
     torch_seed, game_seed = (config.seed,) * 2 if start.first else start.seeds(config.seed, None, 2)
     torch.manual_seed(torch_seed)
-    env = make_env(
-        config.env, env_conf, config.max_episode_length, config.frame_skip,
-        config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
-    )  # fmt: skip
+    env = make_env(spec)
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     if config.fast_path and model.channels_last_suits(device):  # greedy play is fp32
         # The workers' acting layout: a greedy step costs about a third less, so on the CPU
@@ -143,7 +146,7 @@ def run_test(
 
 def test(
     config: TrainConfig,
-    env_conf: dict[str, int],
+    spec: EnvSpec,
     paths: RunPaths,
     run_dir: str,
     shared_model: nn.Module,
@@ -160,6 +163,6 @@ def test(
         # busy, the test process takes what they leave instead of a fair share.
         os.nice(config.test_niceness)
         run_test(
-            config, env_conf, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,
+            config, spec, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,
             steps_at_start=steps_at_start, start=start,
         )  # fmt: skip

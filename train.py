@@ -14,6 +14,7 @@ from torch import nn
 
 from cli import TrainConfig
 from environment import (
+    EnvSpec,
     finished_games,
     load_worker_normalizer_state,
     make_env,
@@ -459,7 +460,7 @@ def _no_lap(phase: str) -> None:
 def run_worker(
     rank: int,
     config: TrainConfig,
-    env_conf: dict[str, int],
+    spec: EnvSpec,
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
@@ -482,7 +483,7 @@ def run_worker(
         rank: worker index; seeds with ``seed + rank`` (`worker_seeds`) and picks the GPU
             round-robin.
         config: the run's configuration.
-        env_conf: the game's ``config.json`` entry.
+        spec: how to build its envs.
         shared_model: the shared-memory CPU model.
         optimizer: the shared optimizer, or None for one of the worker's own (statistics
             not shared) over the shared parameters.
@@ -503,10 +504,7 @@ def run_worker(
     with contextlib.ExitStack() as cleanup:
         envs = []
         for env_seed in seeds:
-            env = make_env(
-                config.env, env_conf, config.max_episode_length, config.frame_skip,
-                config.vector_obs_norm, repeat_action_probability=config.repeat_action_probability,
-            )  # fmt: skip
+            env = make_env(spec)
             cleanup.callback(env.close)
             env.action_space.seed(env_seed)
             envs.append(env)
@@ -596,7 +594,7 @@ def run_worker(
 def train(
     rank: int,
     config: TrainConfig,
-    env_conf: dict[str, int],
+    spec: EnvSpec,
     shared_model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     ctx: ProcessContext,
@@ -605,4 +603,4 @@ def train(
 ) -> None:
     """Process entry point of training worker `rank` (see `run_worker`)."""
     with child_process(f"Train Agent: {rank}", ctx):
-        run_worker(rank, config, env_conf, shared_model, optimizer, ctx, normalizer, start=start)
+        run_worker(rank, config, spec, shared_model, optimizer, ctx, normalizer, start=start)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch.multiprocessing as mp  # noqa: E402
 
 from cli import parse_train_args  # noqa: E402
-from environment import crop_settings, make_env  # noqa: E402
+from environment import EnvSpec, make_env  # noqa: E402
 from model import build_model  # noqa: E402
 from shared_optim import make_optimizer  # noqa: E402
 from train import PhaseClock, run_worker  # noqa: E402
@@ -103,8 +103,7 @@ def main_py_refusal(flags: Sequence[str]) -> str | None:
 def env_alone(env_id: str, steps: int = 2000) -> float:
     """Milliseconds per agent step of the env with its wrappers, random actions."""
     config = parse_train_args(["--env", env_id, "--env-config", str(ROOT / "config.json")])
-    env_conf = crop_settings(config.env_config, config.env)
-    env = make_env(config.env, env_conf, config.max_episode_length, config.frame_skip)
+    env = make_env(EnvSpec.of(config))
     env.reset(seed=0)
     env.action_space.seed(0)
     start = time.perf_counter()
@@ -135,8 +134,8 @@ def profile(
     """
     flags = ["--env", env_id, "--env-config", str(ROOT / "config.json")]
     config = parse_train_args([*flags, *mode_flags(mode), "--gpu-ids", *map(str, gpu_ids)])
-    env_conf = crop_settings(config.env_config, config.env)
-    env = make_env(config.env, env_conf, config.max_episode_length, config.frame_skip)
+    spec = EnvSpec.of(config)
+    env = make_env(spec)
     shared = build_model(env.observation_space, env.action_space, config.hidden_size)
     env.close()
     shared.share_memory()
@@ -160,7 +159,7 @@ def profile(
         elif timed_from is not None and time.perf_counter() - timed_from[0] >= seconds:
             ctx.request_stop()
 
-    run_worker(0, config, env_conf, shared, optimizer, ctx, on_update=on_update, clock=clock)
+    run_worker(0, config, spec, shared, optimizer, ctx, on_update=on_update, clock=clock)
     assert timed_from is not None
     steps = ctx.total_steps() - timed_from[1]
     if profiler is not None:

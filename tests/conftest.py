@@ -21,7 +21,7 @@ import torch
 
 from checkpoint import release_run_locks
 from cli import EvalConfig, TrainConfig, parse_eval_args, parse_train_args
-from environment import env_config, read_config
+from environment import read_config
 from model import A3Clstm
 from utils import cpu_has_bf16
 
@@ -56,21 +56,6 @@ def make_args(**overrides) -> TrainConfig:
 def make_eval_args(**overrides) -> EvalConfig:
     """The evaluation defaults with some fields replaced."""
     return dataclasses.replace(parse_eval_args([]), **overrides)
-
-
-def env_kwargs(args: TrainConfig | EvalConfig) -> dict:
-    """What `make_env` takes from a configuration, besides the id and the crop entry."""
-    return {
-        "max_episode_length": args.max_episode_length,
-        "skip_rate": args.frame_skip,
-        "vector_obs_norm": args.vector_obs_norm,
-        "repeat_action_probability": args.repeat_action_probability,
-    }
-
-
-def crop(env_id: str) -> dict[str, int]:
-    """The repository config.json's entry for `env_id`."""
-    return env_config(read_config(ROOT / "config.json"), env_id)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -12,6 +12,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from cli import parse_train_args
 from environment import (
+    EnvSpec,
     load_worker_normalizer_state,
     make_env,
     normalizer_state,
@@ -21,8 +22,6 @@ from model import build_model
 from player_util import Agent
 from tests.conftest import (
     ROOT,
-    crop,
-    env_kwargs,
     make_args,
     requires_bf16_cpu,
     requires_bf16_cuda,
@@ -90,7 +89,7 @@ def test_masked_loss_is_the_sum_of_each_envs_own_rollout_loss():
 def batch_rollout(fast: bool, envs: int = 3, steps: int = 8, bf16: bool = False):
     """One K-env rollout on Pong from fixed seeds: loss, gradients, actions (T, K), steps."""
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    games = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(envs)]
+    games = [make_env(EnvSpec.of(args)) for _ in range(envs)]
     torch.manual_seed(0)
     model = build_model(games[0].observation_space, games[0].action_space, args.hidden_size)
     if fast:
@@ -161,7 +160,7 @@ def test_an_env_that_ends_mid_rollout_waits_inert_on_both_paths_and_as_one_env_a
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
 
     def game(k: int) -> gym.Env:
-        env = make_env(args.env, crop(args.env), **env_kwargs(args))
+        env = make_env(EnvSpec.of(args))
         return EndsAt(env, 3, nan) if k == 1 else env
 
     def model(fast: bool):
@@ -209,7 +208,7 @@ def test_an_env_that_ends_mid_rollout_waits_inert_on_both_paths_and_as_one_env_a
 def test_agent_envs_are_independent_rollouts():
     """Each env's rows are what the model computes for that env alone, with the same actions."""
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    games = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(2)]
+    games = [make_env(EnvSpec.of(args)) for _ in range(2)]
     torch.manual_seed(0)
     model = build_model(games[0].observation_space, games[0].action_space, args.hidden_size)
     batch = Agent(model, games)
@@ -219,7 +218,7 @@ def test_agent_envs_are_independent_rollouts():
     rollout = batch.rollout()
     actions = batch.record["actions"]  # (T, K)
     for k in range(2):
-        env = make_env(args.env, crop(args.env), **env_kwargs(args))
+        env = make_env(EnvSpec.of(args))
         obs, _ = env.reset(seed=5 + k)
         hx, cx = model.initial_state(1, "cpu")
         for t in range(6):
@@ -234,7 +233,7 @@ def test_agent_envs_are_independent_rollouts():
 
 def test_an_env_whose_episode_ends_waits_masked_and_restarts():
     args = make_args(env="CartPole-v1", hidden_size=16)
-    games = [make_env(args.env, {}, **env_kwargs(args)) for _ in range(2)]
+    games = [make_env(EnvSpec.of(args)) for _ in range(2)]
     model = build_model(games[0].observation_space, games[0].action_space, args.hidden_size)
     agent = Agent(model, games, fast_path=True)
     agent.reset(seeds=[0, 1])
@@ -286,14 +285,14 @@ def test_worker_with_k_envs_counts_every_envs_steps_and_is_deterministic():
 
 def test_normalizer_state_per_env_round_trips():
     args = make_args(env="PongNoFrameskip-v4")
-    games = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(2)]
+    games = [make_env(EnvSpec.of(args)) for _ in range(2)]
     for k, env in enumerate(games):
         env.reset(seed=k)
         for _ in range(5 + 10 * k):
             env.step(0)
     state = worker_normalizer_state(games)
     assert state["kind"] == "per_env" and len(state["envs"]) == 2
-    fresh = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(3)]
+    fresh = [make_env(EnvSpec.of(args)) for _ in range(3)]
     load_worker_normalizer_state(fresh, state)
     assert normalizer_state(fresh[0]) == normalizer_state(games[0])
     assert normalizer_state(fresh[1]) == normalizer_state(games[1])
@@ -393,7 +392,7 @@ def always_noop(model):
 
 def cut_pong(limit: int | None):
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     return env if limit is None else gym.wrappers.TimeLimit(env, limit)
 
 

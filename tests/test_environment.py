@@ -10,6 +10,7 @@ import pytest
 
 from environment import (
     AtariRescale,
+    EnvSpec,
     EpisodicLifeEnv,
     FireResetEnv,
     GameScore,
@@ -135,7 +136,7 @@ def test_v5_ids_skip_frames_only_once(config):
 
 def test_same_seed_gives_same_observations(config):
     def rollout(seed: int) -> list[np.ndarray]:
-        env = make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
+        env = make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
         obs, _ = env.reset(seed=seed)
         out = [obs]
         for action in [2, 3, 2, 2, 0, 3] * 5:
@@ -213,10 +214,10 @@ def test_random_skip_counts_its_frames_and_caps_episodes_in_agent_steps(config):
     assert frames_per_step("PongNoFrameskip-v4", (2, 3)) == 2.5
     assert frames_per_step("PongNoFrameskip-v4", 4) == 4
     assert check_episode_cap("PongNoFrameskip-v4", 1000, (2, 5)) == 5000  # what ALE may count
-    env = make_env(
+    env = make_env(EnvSpec(
         "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=60,
         skip_rate=(2, 4),
-    )  # fmt: skip
+    ))  # fmt: skip
     env.reset(seed=0)
     steps, terminated, truncated = steps_until_done(env)
     # Cut at 60 agent steps (FIRE and action 2 at reset are two of them), as the protocol
@@ -230,10 +231,10 @@ def test_random_skip_counts_its_frames_and_caps_episodes_in_agent_steps(config):
 
 
 def test_a_random_skip_cap_counts_the_whole_game_across_lives(config):
-    env = make_env(
+    env = make_env(EnvSpec(
         "BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"),
         max_episode_length=150, skip_rate=(2, 4),
-    )  # fmt: skip
+    ))  # fmt: skip
     env.reset(seed=0)
     steps, lives_lost = 2, 0  # the reset's FIRE and action 2 are steps of the game
     while True:  # FIRE: the ball comes, and the idle paddle loses it, life after life
@@ -296,7 +297,7 @@ def test_life_loss_ends_episode_but_not_game():
 
 
 def test_was_real_done_is_reachable_from_the_full_stack(config):
-    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
+    env = make_env(EnvSpec("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4")))
     env.reset(seed=1)
     steps_until_done(env)
     assert env.get_wrapper_attr("was_real_done") is False
@@ -304,7 +305,7 @@ def test_was_real_done_is_reachable_from_the_full_stack(config):
 
 
 def test_a_training_game_scores_every_life_and_a_cut_game_not_at_all(config):
-    env = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
+    env = make_env(EnvSpec("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4")))
     env.action_space.seed(3)
     env.reset(seed=3)
     total, steps, lives_lost = 0.0, 0, 0
@@ -332,7 +333,7 @@ def test_a_training_game_scores_every_life_and_a_cut_game_not_at_all(config):
 
 
 def test_a_vector_games_score_is_its_episodes_reward(config):
-    env = make_env("CartPole-v1", {})
+    env = make_env(EnvSpec("CartPole-v1", {}))
     env.reset(seed=0)
     steps = 0
     while True:
@@ -351,11 +352,11 @@ def test_fire_reset_presses_fire_then_2_after_reset(config):
     env = FireResetEnv(rec)
     env.reset(seed=0)
     assert rec.actions == [1, 2]
-    full = make_env("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"))
+    full = make_env(EnvSpec("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4")))
     assert FireResetEnv in wrapper_types(full)
     # Ms. Pac-Man has no FIRE action: no fire reset.
     assert FireResetEnv not in wrapper_types(
-        make_env("MsPacmanNoFrameskip-v4", env_config(config, "MsPacmanNoFrameskip-v4"))
+        make_env(EnvSpec("MsPacmanNoFrameskip-v4", env_config(config, "MsPacmanNoFrameskip-v4")))
     )
 
 
@@ -413,7 +414,9 @@ def test_normaliser_statistics_after_n_frames(config):
     other.load_state_dict(env.state_dict())
     assert other.state_dict() == env.state_dict()
     assert (
-        find_normalizer(make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
+        find_normalizer(
+            make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
+        )
         is not None
     )
 
@@ -423,7 +426,9 @@ def test_normaliser_statistics_after_n_frames(config):
 
 def test_time_limit_binds_in_agent_steps(config):
     env = make_env(
-        "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=50
+        EnvSpec(
+            "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=50
+        )
     )
     env.reset(seed=0)
     steps, terminated, truncated = steps_until_done(env)
@@ -434,7 +439,7 @@ def test_time_limit_binds_in_agent_steps(config):
 
 
 def test_time_limit_binds_for_v5_ids(config):
-    env = make_env("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"), max_episode_length=30)
+    env = make_env(EnvSpec("ALE/Pong-v5", env_config(config, "ALE/Pong-v5"), max_episode_length=30))
     env.reset(seed=0)
     steps, _, truncated = steps_until_done(env)
     assert truncated and steps == 30 - 2  # FIRE and action 2 at reset are steps too
@@ -442,10 +447,14 @@ def test_time_limit_binds_for_v5_ids(config):
 
 def test_long_limits_lift_ales_own_frame_cap(config):
     env = make_env(
-        "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=40_000
+        EnvSpec(
+            "PongNoFrameskip-v4",
+            env_config(config, "PongNoFrameskip-v4"),
+            max_episode_length=40_000,
+        )
     )
     assert ale(env).getInt("max_num_frames_per_episode") == 160_000
-    env = make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"))
+    env = make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
     assert ale(env).getInt("max_num_frames_per_episode") == 108_000
 
 
@@ -463,7 +472,7 @@ def test_long_limits_lift_ales_own_frame_cap(config):
     ],
 )
 def test_repeat_action_probability_reaches_ale(config, env_id, requested, in_ale):
-    env = make_env(env_id, env_config(config, env_id), repeat_action_probability=requested)
+    env = make_env(EnvSpec(env_id, env_config(config, env_id), repeat_action_probability=requested))
     assert ale(env).getFloat("repeat_action_probability") == pytest.approx(in_ale)
     assert protocol(env_id, 4, 10000, requested)["repeat_action_probability"] == in_ale
 
@@ -472,7 +481,7 @@ def test_sticky_actions_repeat_the_previous_action(config):
     # With probability 1 ALE never takes the agent's action (it repeats the reset's NOOP), so
     # the screens do not depend on the actions; with 0 they do.
     def screens(env_id, p, actions):
-        env = make_env(env_id, env_config(config, env_id), repeat_action_probability=p)
+        env = make_env(EnvSpec(env_id, env_config(config, env_id), repeat_action_probability=p))
         obs, _ = env.reset(seed=3)
         frames = [obs]
         for action in actions:
@@ -510,26 +519,28 @@ def test_protocol_says_how_games_are_played():
 def test_an_episode_cap_past_what_ale_counts_is_refused_for_the_ids_own_skip():
     # cli checks --max-episode-length x --skip-rate; ALE/Pong-v5 skips 4 whatever --skip-rate.
     with pytest.raises(UsageError, match="--max-episode-length 536870911 or less"):
-        make_env("ALE/Pong-v5", {}, 600_000_000, skip_rate=1)
+        make_env(EnvSpec("ALE/Pong-v5", {}, 600_000_000, skip_rate=1))
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
 def test_bad_repeat_action_probability_is_rejected(config, bad):
     with pytest.raises(UsageError, match="--repeat-action-probability must be in \\[0, 1\\], got"):
-        make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"),
-                 repeat_action_probability=bad)  # fmt: skip
+        make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"),
+                 repeat_action_probability=bad))  # fmt: skip
 
 
 def test_repeat_action_probability_outside_atari_is_refused(config):
     with pytest.raises(UsageError, match="applies to ALE games only, and 'CartPole-v1' is not"):
-        make_env("CartPole-v1", env_config(config, "CartPole-v1"), repeat_action_probability=0.1)
+        make_env(
+            EnvSpec("CartPole-v1", env_config(config, "CartPole-v1"), repeat_action_probability=0.1)
+        )
 
 
 # -- vector envs -------------------------------------------------------------------------------
 
 
 def test_vector_env_has_no_image_wrappers(config):
-    env = make_env("CartPole-v1", env_config(config, "CartPole-v1"))
+    env = make_env(EnvSpec("CartPole-v1", env_config(config, "CartPole-v1")))
     assert not {AtariRescale, NormalizedEnv, EpisodicLifeEnv} & set(wrapper_types(env))
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4,)
@@ -539,7 +550,9 @@ def test_vector_env_has_no_image_wrappers(config):
         if any(env.step(steps % 2)[2:4]):
             break
     assert was_real_done(env)
-    assert make_env("Acrobot-v1", env_config(config, "Acrobot-v1")).observation_space.shape == (6,)
+    assert make_env(
+        EnvSpec("Acrobot-v1", env_config(config, "Acrobot-v1"))
+    ).observation_space.shape == (6,)
 
 
 def test_vector_env_time_limits(config):
@@ -565,7 +578,7 @@ def test_vector_obs_norm_is_optional(config):
 
 def test_unknown_id_suggests_close_ids(config):
     with pytest.raises(UsageError, match="unknown env id 'PongNoFrameSkip-v4'.*PongNoFrameskip-v4"):
-        make_env("PongNoFrameSkip-v4", env_config(config, "PongNoFrameSkip-v4"))
+        make_env(EnvSpec("PongNoFrameSkip-v4", env_config(config, "PongNoFrameSkip-v4")))
 
 
 @pytest.mark.parametrize(
@@ -589,10 +602,14 @@ def test_wrong_kind_of_env_is_rejected(config, builder, env_id, message):
 def test_bad_limits_are_rejected(config):
     with pytest.raises(UsageError, match="--max-episode-length must be at least 1, got 0"):
         make_env(
-            "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=0
+            EnvSpec(
+                "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=0
+            )
         )
     with pytest.raises(UsageError, match="--skip-rate must be at least 1, got -2"):
-        make_env("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), skip_rate=-2)
+        make_env(
+            EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), skip_rate=-2)
+        )
 
 
 # -- config.json ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from environment import env_config, make_env, read_config  # noqa: E402
+from environment import EnvSpec, env_config, make_env, read_config  # noqa: E402
 from model import build_model  # noqa: E402
 from player_util import Agent  # noqa: E402
 from train import a3c_loss  # noqa: E402
@@ -46,7 +46,7 @@ def golden_update(envs: int, fast: bool) -> dict[str, object]:
     """
     env_id = "PongNoFrameskip-v4"
     conf = env_config(read_config(ROOT / "config.json"), env_id)
-    games = [make_env(env_id, conf) for _ in range(envs)]
+    games = [make_env(EnvSpec(env_id, conf)) for _ in range(envs)]
     cut = 0 if envs == 1 else 1
     games[cut] = gym.wrappers.TimeLimit(games[cut], 11 if envs == 1 else STEPS + 3)
     torch.manual_seed(0)

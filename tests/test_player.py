@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from environment import env_config, make_env
+from environment import EnvSpec, env_config, make_env
 from model import build_model
 from player_util import Agent, StepRecord
 from tests.conftest import requires_cuda
@@ -159,7 +159,7 @@ def test_the_step_record_grows_past_its_first_capacity():
 
 def breakout(config, **kwargs):
     return make_env(
-        "BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"), **kwargs
+        EnvSpec("BreakoutNoFrameskip-v4", env_config(config, "BreakoutNoFrameskip-v4"), **kwargs)
     )
 
 
@@ -196,9 +196,11 @@ def test_greedy_games_end_at_game_over_or_the_time_limit(config):
 
     # The paddle never moves (sticky NOOP), so every point is lost: a real game over.
     pong = make_env(
-        "PongNoFrameskip-v4",
-        env_config(config, "PongNoFrameskip-v4"),
-        repeat_action_probability=1.0,
+        EnvSpec(
+            "PongNoFrameskip-v4",
+            env_config(config, "PongNoFrameskip-v4"),
+            repeat_action_probability=1.0,
+        )
     )
     game = GreedyPlayer(random_model(pong), pong).play_game(seed=0)
     assert (game.ending, game.reward, game.note()) == (GAME_OVER, -21.0, "")

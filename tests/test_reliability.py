@@ -28,7 +28,7 @@ import run_folder
 import train
 from checkpoint import RunPaths, TrainingState, file_sha256
 from cli import as_dict, parse_train_args
-from environment import load_normalizer_state, make_env, normalizer_state
+from environment import EnvSpec, load_normalizer_state, make_env, normalizer_state
 from launcher import STOPPING, Child, Launcher
 from main import prepare
 from model import A3Clstm, build_model
@@ -37,8 +37,6 @@ from tests.conftest import (
     PONG,
     PONG_FLAGS,
     ROOT,
-    crop,
-    env_kwargs,
     folders,
     group_alive,
     load_pong_dat,
@@ -57,13 +55,13 @@ CONFIG = str(ROOT / "config.json")
 
 def test_frame_normaliser_statistics_round_trip():
     args = make_args(env=PONG)
-    env = make_env(PONG, crop(PONG), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     env.reset(seed=0)
     for _ in range(20):
         env.step(0)
     saved = normalizer_state(env)
     assert saved["kind"] == "frames" and saved["num_steps"] > 20
-    fresh = make_env(PONG, crop(PONG), **env_kwargs(args))
+    fresh = make_env(EnvSpec.of(args))
     assert load_normalizer_state(fresh, saved)
     assert normalizer_state(fresh) == saved
     env.close()
@@ -72,17 +70,17 @@ def test_frame_normaliser_statistics_round_trip():
 
 def test_vector_normaliser_statistics_round_trip(tmp_path):
     args = make_args(env="CartPole-v1", vector_obs_norm=True)
-    env = make_env("CartPole-v1", crop("CartPole-v1"), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     env.reset(seed=0)
     for _ in range(10):
         env.step(0)
     saved = normalizer_state(env)
     torch.save(saved, tmp_path / "n.pt")
     loaded = torch.load(tmp_path / "n.pt", weights_only=True)
-    fresh = make_env("CartPole-v1", crop("CartPole-v1"), **env_kwargs(args))
+    fresh = make_env(EnvSpec.of(args))
     assert load_normalizer_state(fresh, loaded)
     assert normalizer_state(fresh) == saved
-    plain = make_env("CartPole-v1", crop("CartPole-v1"))
+    plain = make_env(EnvSpec("CartPole-v1"))
     assert normalizer_state(plain) is None and not load_normalizer_state(plain, saved)
 
 
@@ -110,7 +108,7 @@ def run_poisoned_worker(monkeypatch, poisoned, max_steps: int):
         train, "make_env", lambda *a, **k: PoisonObservations(real_make_env(*a, **k), poisoned)
     )
     args = make_args(env="CartPole-v1", hidden_size=16, num_steps=5, env_config=CONFIG)
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     torch.manual_seed(0)
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     before = [p.detach().clone() for p in shared.parameters()]
@@ -119,7 +117,7 @@ def run_poisoned_worker(monkeypatch, poisoned, max_steps: int):
     error = None
     try:
         train.run_worker(
-            0, args, crop(args.env), shared, None, ctx,
+            0, args, EnvSpec.of(args), shared, None, ctx,
             on_update=lambda terms: losses.append(terms.total.item()),
         )  # fmt: skip
     except FatalRunError as err:

@@ -10,12 +10,12 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from environment import make_env
+from environment import EnvSpec, make_env
 from fast_path import sequence_from_features
 from model import build_model
 from player_util import Rollout
 from shared_optim import SharedAdam, make_optimizer
-from tests.conftest import ROOT, crop, env_kwargs, make_args, requires_cuda
+from tests.conftest import ROOT, make_args, requires_cuda
 from train import (
     a3c_loss,
     discounted_targets,
@@ -149,7 +149,7 @@ def test_distributed_step_sizes_are_dealt_round_robin():
 
 def shared_model_for(args) -> torch.nn.Module:
     """The shared-memory CPU model for `args`' env, as main.py builds it."""
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     env.close()
     return shared.share_memory()
@@ -170,7 +170,7 @@ def worker_losses(
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=updates * args.num_steps)
     losses: list[float] = []
     run_worker(
-        0, args, crop(args.env), shared, optimizer, ctx,
+        0, args, EnvSpec.of(args), shared, optimizer, ctx,
         on_update=lambda terms: losses.append(terms.total.item()), start=start,
     )  # fmt: skip
     return losses, shared
@@ -233,11 +233,11 @@ def test_worker_changes_the_shared_model():
 def test_worker_with_its_own_optimizer():
     args = make_args(env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"))
     torch.manual_seed(args.seed)
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     before = [p.clone() for p in shared.parameters()]
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=60)
-    run_worker(0, args, crop(args.env), shared, None, ctx)
+    run_worker(0, args, EnvSpec.of(args), shared, None, ctx)
     assert ctx.total_steps() >= 60
     assert any(not torch.equal(p, q) for p, q in zip(shared.parameters(), before, strict=True))
 
@@ -258,7 +258,7 @@ def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
     args = make_args(
         env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"), envs_per_worker=2
     )
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=1000)
 
@@ -266,7 +266,7 @@ def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
         raise ValueError("a caller's hook failed")
 
     with pytest.raises(ValueError, match="hook failed"):
-        run_worker(0, args, crop(args.env), shared, None, ctx, on_update=fail)
+        run_worker(0, args, EnvSpec.of(args), shared, None, ctx, on_update=fail)
     assert len(made) == 2 and closed == made[::-1]  # each closed once, last made first
     # A failure while setting up (here building the worker's model) closes the envs made.
     made.clear(), closed.clear()
@@ -276,13 +276,12 @@ def test_a_worker_that_fails_in_process_closes_its_envs(monkeypatch):
 
     monkeypatch.setattr(train, "build_model", no_model)
     with pytest.raises(MemoryError):
-        run_worker(0, args, crop(args.env), shared, None, ctx)
+        run_worker(0, args, EnvSpec.of(args), shared, None, ctx)
     assert len(made) == 2 and closed == made[::-1]
 
 
 def test_a_random_skip_reaches_every_env_a_run_and_an_evaluation_build(monkeypatch, tmp_path):
     """--skip-rate-min reaches the workers' envs, the test process's and gym_eval's."""
-    import gym_eval
     import test as test_process
     import train
     from checkpoint import RunPaths
@@ -315,23 +314,23 @@ def test_a_random_skip_reaches_every_env_a_run_and_an_evaluation_build(monkeypat
         raise StopIteration
 
     with pytest.raises(StopIteration):
-        run_worker(0, args, crop(args.env), shared, None, ctx, on_update=stop)
+        run_worker(0, args, EnvSpec.of(args), shared, None, ctx, on_update=stop)
     assert [skips(env) for env in made] == [(2, 4), (2, 4)]
 
     made.clear()
     monkeypatch.setattr(test_process, "make_env", make_and_stop)
     paths = RunPaths.of(args.env, str(tmp_path), str(tmp_path), str(tmp_path), False)
     with pytest.raises(BuiltError):
-        test_process.run_test(args, crop(args.env), paths, "run", shared, ctx, steps_at_start=0)
+        test_process.run_test(args, EnvSpec.of(args), paths, "run", shared, ctx, steps_at_start=0)
     assert [skips(env) for env in made] == [(2, 4)]
 
-    evaluated = gym_eval.eval_env(parse_eval_args(["--skip-rate-min", "3"]), crop(args.env), None)
+    evaluated = make_env(EnvSpec.of(parse_eval_args(["--skip-rate-min", "3"])))
     assert skips(evaluated) == (3, 4)
 
 
 def spaces_of(args) -> tuple[gym.Space, gym.Space]:
     """The observation and action spaces of `args`'s env."""
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     env.close()
     return env.observation_space, env.action_space
 
@@ -344,14 +343,14 @@ def test_worker_follows_the_lr_schedule_down_to_the_budget(schedule, last_lr):
         env="CartPole-v1", hidden_size=16, env_config=str(ROOT / "config.json"), lr=1e-3,
         lr_schedule=schedule, max_steps=100,
     )  # fmt: skip
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     shared = build_model(env.observation_space, env.action_space, args.hidden_size)
     env.close()
     optimizer = make_optimizer(shared.parameters(), args.optimizer, args.lr, args.amsgrad)
     ctx = ProcessContext.create(mp.get_context("spawn"), max_steps=args.max_steps)
     lrs: list[float] = []
     run_worker(
-        0, args, crop(args.env), shared, optimizer, ctx,
+        0, args, EnvSpec.of(args), shared, optimizer, ctx,
         on_update=lambda _: lrs.append(optimizer.param_groups[0]["lr"]),
     )  # fmt: skip
     assert len(lrs) >= 5 and lrs[-1] == last_lr
@@ -407,7 +406,7 @@ def pong_rollout_grads(
     from player_util import Agent
 
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    env = make_env(args.env, crop(args.env), **env_kwargs(args))
+    env = make_env(EnvSpec.of(args))
     torch.manual_seed(0)
     model = build_model(env.observation_space, env.action_space, args.hidden_size)
     if fast if channels_last is None else channels_last:
@@ -603,7 +602,7 @@ def test_every_tensor_of_an_update_is_made_on_the_agents_device(envs, fast):
     from train import TrainStats, update_is_finite
 
     args = make_args(env="PongNoFrameskip-v4", hidden_size=32)
-    games = [make_env(args.env, crop(args.env), **env_kwargs(args)) for _ in range(envs)]
+    games = [make_env(EnvSpec.of(args)) for _ in range(envs)]
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     model = build_model(games[0].observation_space, games[0].action_space, 32).to(cpu)
