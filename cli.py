@@ -10,31 +10,19 @@ settled in parsing: the file ``--load`` reads says its width).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from checkpoint import RunPaths, loaded_hidden_size
-from environment import (
-    DEFAULT_CONFIG,
-    FrameSkip,
-    check_episode_cap,
-    check_flags_apply,
-    check_skip_rate_applies,
-    check_sticky_probability,
-    skip_from_flags,
-)
+from environment import DEFAULT_CONFIG, FrameSkip, skip_from_flags
 from model import HIDDEN_SIZE
 from shared_optim import LR_SCHEDULES
-from utils import OneLineParser, UsageError, require_at_least
+from utils import OneLineParser, UsageError
+from validate import DEFAULT_SKIP_RATE, SYNC_INTERVAL, eval_problems, train_problems
 
 DEFAULT_ENV = "PongNoFrameskip-v4"
-DEFAULT_SKIP_RATE = 4
-"""Raw frames per agent step on NoFrameskip ids (the original's); other ids skip their own."""
-SYNC_INTERVAL = 3.0
-"""A cluster node's seconds between exchanges, by default (measured: docs/cluster.md)."""
 
 
 def flag(
@@ -397,7 +385,8 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
         UsageError: a value that cannot work (argparse's own errors exit with code 2); under
             ``--load`` without ``--hidden-size``, a damaged or foreign file to read it from.
     """
-    config = validate_train(_parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog))
+    config = _parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog)
+    _refuse(train_problems(config))
     if config.hidden_size is None:  # the width of what --load reads, else the original's
         width = None
         if config.load:
@@ -421,7 +410,15 @@ def parse_eval_args(
     Raises:
         UsageError: a value that cannot work (argparse's own errors exit with code 2).
     """
-    return validate_eval(_parse(EvalConfig, description, argv, None))
+    config = _parse(EvalConfig, description, argv, None)
+    _refuse(eval_problems(config))
+    return config
+
+
+def _refuse(problems: list[str]) -> None:
+    """Raise one UsageError holding every problem, a line each (the script prints them all)."""
+    if problems:
+        raise UsageError("\n".join(dict.fromkeys(problems)))  # each once
 
 
 def flag_reference() -> str:
@@ -476,265 +473,6 @@ def _flag_row(f: Field) -> str:
 def as_dict(config: CommonConfig) -> dict[str, Any]:
     """The configuration as plain values (lists for tuples), for logs and JSON records."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
-
-
-# ----------------------------------------------------------------------------------------------
-# Checks: one line naming the bad value and the fix
-# ----------------------------------------------------------------------------------------------
-
-
-MAX_SEED = 2**32 - 1
-"""The largest ``--seed`` (numpy's range; a fresh run's workers and envs offset their seeds from
-it, later starts draw theirs from it: `utils.ProcessStart`)."""
-
-
-def _refuse_empty(config: CommonConfig, name: str, fix: str) -> None:
-    """Refuse a flag given as "": an unset shell variable, which would mean another file."""
-    if getattr(config, name) == "":
-        raise UsageError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); {fix}")
-
-
-def _given(config: CommonConfig, name: str) -> bool:
-    """Field `name` of `config` differs from its default (a value equal to it changes nothing)."""
-    return getattr(config, name) != next(f.default for f in fields(config) if f.name == name)
-
-
-def _refuse_unread(config: CommonConfig, name: str, reader: str, fix: str) -> None:
-    """Refuse a flag given a value no part of this run reads (it lacks `reader`)."""
-    if _given(config, name):
-        value = getattr(config, name)
-        raise UsageError(f"--{name.replace('_', '-')} {value!r} is read only with {reader}; {fix}")
-
-
-def _require_folders(config: CommonConfig, *names: str) -> None:
-    """Refuse an empty folder flag: an unset shell variable would write in the current folder."""
-    for name in names:
-        _refuse_empty(config, name, "give a folder, . for the current one")
-
-
-def _validate_common(config: CommonConfig) -> None:
-    _require_folders(config, "load_model_dir", "log_dir")
-    _refuse_empty(
-        config, "env_config", "give a JSON file, or leave the flag out for the shipped one"
-    )
-    for flag_name, value in (
-        ("--max-episode-length", config.max_episode_length),
-        ("--skip-rate", config.skip_rate),
-        ("--skip-rate-min", config.skip_rate_min),
-        ("--hidden-size", config.hidden_size),
-    ):
-        if value is not None:  # --hidden-size: None until given (the file's width)
-            require_at_least(flag_name, value)
-    check_sticky_probability(config.repeat_action_probability)
-    if not 0 <= config.seed <= MAX_SEED:
-        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
-    if config.skip_rate_min is not None:
-        check_skip_rate_applies(config.env, "--skip-rate-min", config.skip_rate_min)
-    if config.skip_rate != DEFAULT_SKIP_RATE:
-        check_skip_rate_applies(config.env, "--skip-rate", config.skip_rate)
-    if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
-        raise UsageError(
-            f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
-            f"{config.skip_rate}; give a minimum of {config.skip_rate} or less, or raise "
-            f"--skip-rate to {config.skip_rate_min} or more (the -v0 ids' 2-4 frames: "
-            "--skip-rate-min 2 --skip-rate 4)"
-        )
-    check_flags_apply(config.env, config.repeat_action_probability, config.vector_obs_norm)
-    check_episode_cap(config.env, config.max_episode_length, config.frame_skip)
-    if config.stall_steps < 0:
-        raise UsageError(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
-
-
-def validate_train(config: TrainConfig) -> TrainConfig:
-    """Reject values that cannot work, naming the value and the fix.
-
-    Raises:
-        UsageError: on the first bad value.
-    """
-    require_at_least("--workers", config.workers)
-    require_at_least("--num-steps", config.num_steps)
-    require_at_least("--envs-per-worker", config.envs_per_worker)
-    _validate_common(config)
-    _require_folders(config, "save_model_dir")
-    # A forgotten --load would train afresh where a resume was meant. The save folder named
-    # as both passes: a first sitting's command, to go on later with --load added (and a
-    # state there already is refused in main.py, naming --load).
-    same = os.path.abspath(config.load_model_dir) == os.path.abspath(config.save_model_dir)
-    if not config.load and not same:
-        _refuse_unread(
-            config, "load_model_dir", "--load",
-            "add --load to go on from what it holds, or drop --load-model-dir to start afresh",
-        )  # fmt: skip
-    if config.max_steps < 0:
-        raise UsageError(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
-    if config.lr_schedule == "linear" and config.max_steps == 0:
-        raise UsageError(
-            "--lr-schedule linear falls to 0 at --max-steps, which is 0 (no limit); give "
-            "--max-steps N, or use --lr-schedule constant"
-        )
-    if not (math.isfinite(config.test_interval) and config.test_interval >= 0):
-        raise UsageError(f"--test-interval must be 0 or more seconds, got {config.test_interval}")
-    if not 0 <= config.test_niceness <= 19:
-        raise UsageError(f"--test-niceness must be in 0..19, got {config.test_niceness}")
-    for size in config.distributed_step_size:
-        if size < 1:
-            raise UsageError(f"--distributed-step-size values must be at least 1, got {size}")
-    if not (math.isfinite(config.lr) and config.lr > 0):
-        raise UsageError(f"--lr must be a positive number, got {config.lr}")
-    for name, value in (("--gamma", config.gamma), ("--tau", config.tau)):
-        if not 0 < value <= 1:
-            raise UsageError(f"{name} must be in (0, 1], got {value}")
-    for name, value in (
-        ("--entropy-coef", config.entropy_coef),
-        ("--value-coef", config.value_coef),
-    ):
-        if not (math.isfinite(value) and value >= 0):
-            raise UsageError(f"{name} must be a non-negative number, got {value}")
-    for name, value in (
-        ("--state-interval", config.state_interval),
-        ("--status-interval", config.status_interval),
-    ):
-        if not (math.isfinite(value) and value >= 0):
-            raise UsageError(f"{name} must be 0 or more seconds, got {value}")
-    if not (math.isfinite(config.reward_scale) and config.reward_scale > 0):
-        raise UsageError(f"--reward-scale must be a positive number, got {config.reward_scale}")
-    if config.nodes < 0:
-        raise UsageError(f"--nodes must be 0 (every node) or more, got {config.nodes}")
-    if not (math.isfinite(config.sync_interval) and config.sync_interval > 0):
-        raise UsageError(
-            f"--sync-interval must be a positive number of seconds, got {config.sync_interval}"
-        )
-    if config.ray_address == "":  # "$RAY_ADDRESS" unset, say: not a run on this machine
-        raise UsageError(
-            "--ray-address is empty (an unset variable?); pass auto, local or host:port, or "
-            "drop --ray-address to train on this machine alone"
-        )
-    if config.ray_address and not ray_address_ok(config.ray_address):
-        raise UsageError(
-            f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
-            "host:port (the port 'ray start --head' printed, 6379 by default; an IPv6 host in "
-            "brackets, [::1]:6379)"
-        )
-    if not config.ray_address and config.sync_interval != SYNC_INTERVAL:
-        raise UsageError(
-            f"--sync-interval {config.sync_interval:g} needs --ray-address (auto, host:port or "
-            "local); drop it for a single-machine run"
-        )
-    if config.amsgrad and config.optimizer != "Adam":
-        raise UsageError(
-            f"--amsgrad is a variant of Adam and --optimizer is {config.optimizer}; drop "
-            "--amsgrad, or pass --optimizer Adam"
-        )
-    if not config.ray_address and config.exchange_precision != "fp32":
-        raise UsageError(
-            f"--exchange-precision {config.exchange_precision} needs --ray-address (auto, "
-            "host:port or local); drop it for a single-machine run"
-        )
-    if config.exchange_statistics and not config.ray_address:
-        raise UsageError(
-            "--exchange-statistics needs --ray-address (auto, host:port or local); on one "
-            "machine the shared optimizer's statistics are every worker's already"
-        )
-    if config.exchange_statistics and not config.shared_optimizer:
-        raise UsageError(
-            "--exchange-statistics exchanges the shared optimizer's statistics; drop "
-            "--no-shared-optimizer (one optimizer per worker has none to exchange)"
-        )
-    if not config.ray_address and config.nodes:
-        raise UsageError(
-            f"--nodes {config.nodes} needs --ray-address (auto, host:port or local); drop it "
-            "to train on this machine"
-        )
-    if -1 in config.gpu_ids and len(config.gpu_ids) > 1:
-        raise UsageError(
-            f"--gpu-ids mixes -1 (CPU) with GPU ids {list(config.gpu_ids)}; give only GPU ids, "
-            "or -1"
-        )
-    return config
-
-
-def ray_address_ok(address: str) -> bool:
-    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535."""
-    return address in ("auto", "local") or host_port(address) is not None
-
-
-def host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of ``host:port`` or ``ray://host:port``; None when it is neither.
-
-    The port must be a number in 1-65535, and an IPv6 host goes in brackets (``[::1]:6379``):
-    without them its last colon would be taken for the port's.
-    """
-    host, _, port = address.rpartition(":")
-    name = host.rpartition("://")[2]  # ray://host:port: the host after the scheme
-    if not name or (":" in name and not (name.startswith("[") and name.endswith("]"))):
-        return None
-    if not (port.isascii() and port.isdecimal() and 0 < int(port) < 65536):
-        return None
-    return name.strip("[]"), int(port)
-
-
-def validate_eval(config: EvalConfig) -> EvalConfig:
-    """Reject values that cannot work, naming the value and the fix.
-
-    Raises:
-        UsageError: on the first bad value.
-    """
-    require_at_least("--num-episodes", config.num_episodes)
-    require_at_least("--render-freq", config.render_freq)
-    require_at_least("--threads", config.threads)
-    cores = os.cpu_count() or 1
-    if config.threads > cores:  # never faster, and in the tens of thousands torch crashes
-        raise UsageError(
-            f"--threads {config.threads} is more than this machine's {cores} cores; give at "
-            f"most {cores} (1 where training shares the cores)"
-        )
-    require_at_least("--processes", config.processes)
-    _validate_common(config)
-    _require_folders(config, "demo_dir")
-    _refuse_empty(config, "video_dir", "give a folder, or leave it out for <log-dir>videos/")
-    _refuse_empty(
-        config,
-        "model",
-        "give the path of a .dat or training-state file, or leave it out for "
-        "<load-model-dir><env>.dat",
-    )
-    if not config.new_gym_eval:
-        _refuse_unread(
-            config, "video_dir", "--new-gym-eval",
-            "add --new-gym-eval to record the games there, or drop --video-dir",
-        )  # fmt: skip
-    if not config.demo:
-        _refuse_unread(
-            config, "demo_dir", "--demo", "add --demo to write the first game there, or drop "
-            "--demo-dir",
-        )  # fmt: skip
-    if not config.render:
-        _refuse_unread(
-            config, "render_freq", "--render", "add --render to show the games, or drop "
-            "--render-freq",
-        )  # fmt: skip
-    if config.model is not None and _given(config, "load_model_dir"):
-        raise UsageError(
-            f"--load-model-dir {config.load_model_dir!r} is not read when --model names the "
-            "file; drop one of the two"
-        )
-    if config.render and min(config.processes, config.num_episodes) > 1:
-        raise UsageError(
-            f"--render shows the games in one window and cannot with --processes "
-            f"{config.processes}; use --processes 1"
-        )
-    if config.render and (config.demo or config.new_gym_eval):
-        recorded = "--demo" if config.demo else "--new-gym-eval"
-        raise UsageError(
-            f"--render shows the games in a window and cannot record them with {recorded}; "
-            f"drop --render to record (or evaluate twice)"
-        )
-    if config.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        raise UsageError(
-            "--render needs a display, and none is set here (DISPLAY is empty); "
-            "use --new-gym-eval to record videos instead"
-        )
-    return config
 
 
 if __name__ == "__main__":

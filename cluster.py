@@ -40,9 +40,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from cli import TrainConfig, host_port
+from cli import TrainConfig
 from environment import EnvSpec, make_env
 from utils import UsageError, check_gpus, check_precision, count_of
+from validate import host_port
 
 if TYPE_CHECKING:
     from launcher import Launcher

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec as RegisteredSpec
 
-from utils import UsageError, require_at_least
+from utils import UsageError
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 MAX_EPISODE_FRAMES = 2**31 - 1
@@ -218,19 +218,6 @@ def sticky_probability(env_id: str, requested: float | None = None) -> float:
     return float(lookup_spec(env_id).kwargs.get("repeat_action_probability", 0.25))
 
 
-def check_sticky_probability(value: float | None) -> None:
-    """Reject a ``--repeat-action-probability`` outside [0, 1] (None is "the id's own").
-
-    Raises:
-        UsageError: naming the value and the range.
-    """
-    if value is not None and not 0.0 <= value <= 1.0:
-        raise UsageError(
-            f"--repeat-action-probability must be in [0, 1], got {value}; 0.25 is the standard "
-            "sticky-actions protocol, 0 a deterministic emulator"
-        )
-
-
 def protocol(
     env_id: str,
     skip_rate: FrameSkip,
@@ -303,58 +290,23 @@ def short_episode_warning(played: dict[str, Any]) -> str | None:
     )
 
 
-def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
-    """Refuse a skip flag that `env_id` would ignore (only NoFrameskip ids use it).
+def episode_frames(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -> tuple[int, int]:
+    """The most raw frames an episode of `env_id` can take, and the most one agent step takes.
 
-    Args:
-        env_id: the game.
-        flag: ``--skip-rate`` or ``--skip-rate-min``, as the message names it.
-        value: the flag's value.
-
-    Raises:
-        UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
-    """
-    spec = lookup_spec(env_id)
-    if spec.entry_point == ATARI_ENTRY_POINT and spec.kwargs.get("frameskip", 1) == 1:
-        return
-    why = (
-        f"skips frames itself (frameskip {spec.kwargs['frameskip']})"
-        if spec.entry_point == ATARI_ENTRY_POINT
-        else "is not an ALE game"
-    )
-    raise UsageError(
-        f"{flag} {value} applies to NoFrameskip ids only and {env_id} {why}; drop {flag}, "
-        "or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
-    )
-
-
-def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -> int:
-    """The most raw frames an episode of `env_id` can take; refused past what ALE counts.
-
-    ALE takes the cap in raw frames as a 32-bit int: ``--max-episode-length`` times the most
-    frames one agent step takes (``--skip-rate`` on NoFrameskip ids, the top of a random
-    skip's range included; the id's own skip otherwise, the top of the range for the old
-    random-skip ids). 0 outside Atari.
-
-    Raises:
-        UsageError: the cap is past `MAX_EPISODE_FRAMES`, naming the largest that fits.
+    ALE takes the cap in raw frames: ``--max-episode-length`` times the most frames one agent
+    step takes (``--skip-rate`` on NoFrameskip ids, the top of a random skip's range included;
+    the id's own skip otherwise, the top of the range for the old random-skip ids). (0, 1)
+    outside Atari.
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
-        return 0
+        return 0, 1
     ale_skip = spec.kwargs.get("frameskip", 1)
     if ale_skip == 1:
         step_frames = skip_bounds(skip_rate)[1]
     else:  # the old ids skip a random [low, high) frames
         step_frames = ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1
-    frames = max_episode_length * step_frames
-    if frames > MAX_EPISODE_FRAMES:
-        raise UsageError(
-            f"--max-episode-length {max_episode_length} x {step_frames} raw frames a step on "
-            f"{env_id} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
-            f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
-        )
-    return frames
+    return max_episode_length * step_frames, step_frames
 
 
 def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
@@ -674,9 +626,10 @@ def atari_env(
             frame repeats the previous action instead of the agent's. None keeps the id's own
             (0 for ``NoFrameskip-v4``, 0.25 for ``ALE/*-v5``).
 
+    The limits and the probability are taken as `validate` passed them.
+
     Raises:
-        UsageError: unknown or non-Atari id, a non-RGB observation id, bad limits, or a
-            probability outside [0, 1].
+        UsageError: unknown or non-Atari id, or a non-RGB observation id.
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
@@ -689,19 +642,10 @@ def atari_env(
             f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
             "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
         )
-    require_at_least("--max-episode-length", max_episode_length)
     low, high = skip_bounds(skip_rate)
-    require_at_least("--skip-rate", high)
-    if not 1 <= low <= high:
-        raise UsageError(
-            f"--skip-rate-min must be in 1..--skip-rate ({high}), got {low}; give 1 to {high} "
-            f"(2 with --skip-rate 4: the -v0 ids' 2-4 frames)"
-        )
-    check_sticky_probability(repeat_action_probability)
-
     ale_skip = spec.kwargs.get("frameskip", 1)
     we_skip = ale_skip == 1
-    max_frames = check_episode_cap(env_id, max_episode_length, skip_rate)
+    max_frames, _ = episode_frames(env_id, max_episode_length, skip_rate)
     make_kwargs: dict[str, Any] = {"render_mode": render_mode}
     if repeat_action_probability is not None:
         make_kwargs["repeat_action_probability"] = repeat_action_probability
@@ -753,7 +697,6 @@ def vector_env(
     spec = lookup_spec(env_id)
     if spec.entry_point == ATARI_ENTRY_POINT:
         raise UsageError(f"{env_id!r} is an Atari game; build it with atari_env")
-    require_at_least("--max-episode-length", max_episode_length)
     try:
         env = gym.make(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as err:
@@ -817,37 +760,14 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
         render_mode: passed to ``gymnasium.make`` (gym_eval.py's videos and window).
 
     Raises:
-        UsageError: see `atari_env`, `vector_env` and `check_flags_apply`.
+        UsageError: see `atari_env` and `vector_env`.
     """
-    check_flags_apply(spec.env_id, spec.repeat_action_probability, spec.vector_obs_norm)
     if is_atari(spec.env_id):
         return atari_env(
             spec.env_id, spec.crop, spec.max_episode_length, spec.skip_rate, render_mode,
             spec.repeat_action_probability,
         )  # fmt: skip
     return vector_env(spec.env_id, spec.max_episode_length, spec.vector_obs_norm, render_mode)
-
-
-def check_flags_apply(
-    env_id: str, repeat_action_probability: float | None, vector_obs_norm: bool
-) -> None:
-    """Refuse flags `env_id` would ignore (the command line's check, and `make_env`'s).
-
-    Raises:
-        UsageError: sticky actions for a game that is not an ALE game, or ``--vector-obs-norm``
-            for one that is (its frames are always normalised).
-    """
-    if is_atari(env_id):
-        if vector_obs_norm:
-            raise UsageError(
-                f"--vector-obs-norm applies to vector observations only, and {env_id}'s frames "
-                "are always normalised (as in the original); drop the flag"
-            )
-    elif repeat_action_probability is not None:
-        raise UsageError(
-            f"--repeat-action-probability {repeat_action_probability} applies to ALE games only, "
-            f"and {env_id!r} is not one; drop the flag"
-        )
 
 
 def was_real_done(env: gym.Env) -> bool:

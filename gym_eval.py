@@ -62,6 +62,7 @@ from utils import (
     check_writable,
     refuse_folders_named_as,
     run_script,
+    say_error,
     setup_logger,
     sigint_ignored,
     sigterm_interrupts,
@@ -779,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
     except UsageError as err:
-        print(f"gym_eval.py: error: {err}", file=sys.stderr)
+        say_error("gym_eval.py", err)
         return 2
     except gym.error.DependencyNotInstalled as err:
         print(

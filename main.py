@@ -34,6 +34,7 @@ from utils import (
     check_gpus,
     check_precision,
     run_script,
+    say_error,
     sigterm_interrupts,
 )
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 return run_cluster(config, prepare)
         except UsageError as err:
-            print(f"main.py: error: {err}", file=sys.stderr)
+            say_error("main.py", err)
             return 2
         except KeyboardInterrupt:  # while a state loads, say: no child started, nothing trained
             print(STOPPED_BEFORE_TRAINING, file=sys.stderr)

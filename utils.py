@@ -28,6 +28,12 @@ class UsageError(ValueError):
     """Bad user input: the CLI prints the message as one line and exits with code 2."""
 
 
+def say_error(script: str, err: BaseException) -> None:
+    """``<script>: error: <line>`` on stderr for each line of `err` (every problem found)."""
+    for line in str(err).splitlines():
+        print(f"{script}: error: {line}", file=sys.stderr)
+
+
 class FatalRunError(RuntimeError):
     """A child's error that restarting the child cannot fix; the launcher stops the run."""
 

@@ -767,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
             print(plot_curve(list(args.log), out, args.window))
         elif args.command == "view":
-            from cli import MAX_SEED  # torch with it: only here
+            from validate import MAX_SEED
 
             if args.steps < 0:
                 raise UsageError(f"--steps must be 0 or more, got {args.steps}")

@@ -37,7 +37,7 @@ from cli import EvalConfig, parse_eval_args  # noqa: E402
 from environment import register_games  # noqa: E402
 from gym_eval import INTERRUPTED_EXIT, play_games  # noqa: E402
 from player_util import GameResult  # noqa: E402
-from utils import UsageError  # noqa: E402
+from utils import UsageError, say_error  # noqa: E402
 
 
 class RewardLog(gym.Wrapper):
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, out = parse_watch_args(argv, "points_lost.py")
     except UsageError as error:
-        print(f"points_lost.py: error: {error}", file=sys.stderr)
+        say_error("points_lost.py", error)
         return 2
     register_games()
     watched: list[RewardLog] = []
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("a3g.points_lost"), wrap_env=watch,
         )  # fmt: skip
     except UsageError as error:
-        print(f"points_lost.py: error: {error}", file=sys.stderr)
+        say_error("points_lost.py", error)
         return 2
     except KeyboardInterrupt:
         print("points_lost.py: interrupted; nothing written", file=sys.stderr)

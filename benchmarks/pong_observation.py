@@ -24,7 +24,7 @@ import gym_eval  # noqa: E402
 from checkpoint import env_file_stem, write_json_atomic  # noqa: E402
 from cli import parse_eval_args  # noqa: E402
 from environment import MaxAndSkipEnv, protocol  # noqa: E402
-from utils import UsageError  # noqa: E402
+from utils import UsageError, say_error  # noqa: E402
 
 _max_pooled_step = MaxAndSkipEnv.step
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 "Atari id (e.g. PongNoFrameskip-v4)"
             )
     except UsageError as error:
-        print(f"pong_observation.py: error: {error}", file=sys.stderr)
+        say_error("pong_observation.py", error)
         return 2
     path = Path(args.log_dir) / f"{env_file_stem(args.env)}_eval.json"
     earlier = path.stat().st_mtime_ns if path.exists() else None

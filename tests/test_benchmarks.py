@@ -573,9 +573,11 @@ def test_points_lost_plays_real_games_and_refuses_bad_input_in_one_line(tmp_path
     assert points_lost.main([*flags, "--out", str(tmp_path / "no" / "such.json")]) == 2
     assert points_lost.main([*flags, "--out", str(tmp_path)]) == 2  # before the games, not after
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 6 and "missing.dat" in err[0] and "--repeat-action-probability" in err[1]
-    assert "--processes 2" in err[2] and "drop --demo" in err[3] and "such.json" in err[4]
-    assert "is a folder; give a file name" in err[5]
+    # --repeat-action-probability 2 on CartPole: two problems, a line each.
+    assert len(err) == 7 and "missing.dat" in err[0] and "must be in [0, 1]" in err[1]
+    assert "applies to ALE games only" in err[2]
+    assert "--processes 2" in err[3] and "drop --demo" in err[4] and "such.json" in err[5]
+    assert "is a folder; give a file name" in err[6]
     assert all(line.startswith("points_lost.py: error: ") for line in err)
 
 

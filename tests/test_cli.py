@@ -987,8 +987,12 @@ def test_an_evaluation_of_another_model_in_the_same_log_dir_says_what_it_replace
          "two"),
     ],
 )  # fmt: skip
-def test_gym_eval_bad_folders_and_flag_pairs_are_one_line(tmp_path, capsys, flags, message):
+def test_gym_eval_bad_folders_and_flag_pairs_are_one_line(
+    tmp_path, capsys, monkeypatch, flags, message
+):
     import gym_eval
+
+    monkeypatch.setenv("DISPLAY", ":99")  # --render's one problem is the pair, not the display
 
     if "--gpu-id" in flags and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

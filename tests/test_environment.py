@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from cli import parse_train_args
 from environment import (
     AtariRescale,
     EnvSpec,
@@ -18,9 +19,9 @@ from environment import (
     NoopResetEnv,
     NormalizedEnv,
     atari_env,
-    check_episode_cap,
     crop_settings,
     env_config,
+    episode_frames,
     find_normalizer,
     finished_games,
     frames_per_step,
@@ -213,7 +214,7 @@ def test_random_skip_counts_its_frames_and_caps_episodes_in_agent_steps(config):
     assert frames_per_step("PongNoFrameskip-v4", (2, 4)) == 3
     assert frames_per_step("PongNoFrameskip-v4", (2, 3)) == 2.5
     assert frames_per_step("PongNoFrameskip-v4", 4) == 4
-    assert check_episode_cap("PongNoFrameskip-v4", 1000, (2, 5)) == 5000  # what ALE may count
+    assert episode_frames("PongNoFrameskip-v4", 1000, (2, 5)) == (5000, 5)  # what ALE may count
     env = make_env(EnvSpec(
         "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=60,
         skip_rate=(2, 4),
@@ -517,23 +518,20 @@ def test_protocol_says_how_games_are_played():
 
 
 def test_an_episode_cap_past_what_ale_counts_is_refused_for_the_ids_own_skip():
-    # cli checks --max-episode-length x --skip-rate; ALE/Pong-v5 skips 4 whatever --skip-rate.
+    # --max-episode-length x the frames a step takes: ALE/Pong-v5 skips 4 itself.
     with pytest.raises(UsageError, match="--max-episode-length 536870911 or less"):
-        make_env(EnvSpec("ALE/Pong-v5", {}, 600_000_000, skip_rate=1))
+        parse_train_args(["--env", "ALE/Pong-v5", "--max-episode-length", "600000000"])
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
 def test_bad_repeat_action_probability_is_rejected(config, bad):
     with pytest.raises(UsageError, match="--repeat-action-probability must be in \\[0, 1\\], got"):
-        make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"),
-                 repeat_action_probability=bad))  # fmt: skip
+        parse_train_args(["--repeat-action-probability", str(bad)])
 
 
 def test_repeat_action_probability_outside_atari_is_refused(config):
     with pytest.raises(UsageError, match="applies to ALE games only, and 'CartPole-v1' is not"):
-        make_env(
-            EnvSpec("CartPole-v1", env_config(config, "CartPole-v1"), repeat_action_probability=0.1)
-        )
+        parse_train_args(["--env", "CartPole-v1", "--repeat-action-probability", "0.1"])
 
 
 # -- vector envs -------------------------------------------------------------------------------
@@ -600,16 +598,13 @@ def test_wrong_kind_of_env_is_rejected(config, builder, env_id, message):
 
 
 def test_bad_limits_are_rejected(config):
-    with pytest.raises(UsageError, match="--max-episode-length must be at least 1, got 0"):
-        make_env(
-            EnvSpec(
-                "PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), max_episode_length=0
-            )
-        )
-    with pytest.raises(UsageError, match="--skip-rate must be at least 1, got -2"):
-        make_env(
-            EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4"), skip_rate=-2)
-        )
+    # Both at once, a line each: every problem is said before anything starts.
+    with pytest.raises(UsageError) as refused:
+        parse_train_args(["--max-episode-length", "0", "--skip-rate", "-2"])
+    assert str(refused.value).splitlines() == [
+        "--max-episode-length must be at least 1, got 0",
+        "--skip-rate must be at least 1, got -2",
+    ]
 
 
 # -- config.json ---------------------------------------------------------------------------------

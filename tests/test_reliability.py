@@ -1318,7 +1318,7 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
     monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
     monkeypatch.setattr(test_process, "save_atomic", save)
     test_process.run_test(
-        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
         launcher.shared_model, ctx, steps_at_start=0,
     )  # fmt: skip
     assert saved == [3.0, 4.0, 4.0]
@@ -1345,7 +1345,7 @@ def test_the_test_process_seeds_its_first_game_by_its_start(tmp_path, monkeypatc
     monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
     monkeypatch.setattr(test_process, "save_atomic", lambda _state, _path: None)
     test_process.run_test(
-        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
         launcher.shared_model, ctx, steps_at_start=0, start=start,
     )  # fmt: skip
     torch_seed, game_seed = (7, 7) if start == FIRST_START else start.seeds(7, None, 2)
@@ -1379,7 +1379,7 @@ def test_the_test_games_of_a_fresh_runs_untrained_weights_save_nothing(tmp_path,
         lambda *_args, **_kwargs: next(games, None) or GameResult(0.0, 0, STOPPED, 0),
     )
     test_process.run_test(
-        launcher.config, launcher.env_conf, launcher.paths, str(tmp_path / "runs"),
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
         launcher.shared_model, ctx, steps_at_start=0,
     )  # fmt: skip
     assert (tmp_path / "models" / f"{PONG}.dat").exists() == load

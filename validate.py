@@ -1,0 +1,383 @@
+"""Every check of the command lines' flags and their combinations, in one place.
+
+`train_problems` and `eval_problems` run once, when `cli` parses a command line, before
+anything starts: they collect every problem, one line each naming the value and the fix, and
+the script prints them all and exits 2. The environments built later trust these values.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from environment import (
+    ATARI_ENTRY_POINT,
+    MAX_EPISODE_FRAMES,
+    episode_frames,
+    is_atari,
+    lookup_spec,
+)
+from utils import UsageError, require_at_least
+
+if TYPE_CHECKING:
+    from cli import CommonConfig, EvalConfig, TrainConfig
+
+DEFAULT_SKIP_RATE = 4
+"""Raw frames per agent step on NoFrameskip ids (the original's); other ids skip their own."""
+SYNC_INTERVAL = 3.0
+"""A cluster node's seconds between exchanges, by default (measured: docs/cluster.md)."""
+
+
+def _check(problems: list[str], check: Callable[..., Any], *args: Any) -> bool:
+    """Run a check that raises `UsageError`; its message joins `problems`. Whether it passed."""
+    try:
+        check(*args)
+    except UsageError as err:
+        problems.append(str(err))
+        return False
+    return True
+
+
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed`` (numpy's range; a fresh run's workers and envs offset their seeds from
+it, later starts draw theirs from it: `utils.ProcessStart`)."""
+
+
+def _refuse_empty(problems: list[str], config: CommonConfig, name: str, fix: str) -> None:
+    """Refuse a flag given as "": an unset shell variable, which would mean another file."""
+    if getattr(config, name) == "":
+        problems.append(f"--{name.replace('_', '-')} is empty (an unset shell variable?); {fix}")
+
+
+def _given(config: CommonConfig, name: str) -> bool:
+    """Field `name` of `config` differs from its default (a value equal to it changes nothing)."""
+    return getattr(config, name) != next(f.default for f in fields(config) if f.name == name)
+
+
+def _refuse_unread(
+    problems: list[str], config: CommonConfig, name: str, reader: str, fix: str
+) -> None:
+    """Refuse a flag given a value no part of this run reads (it lacks `reader`).
+
+    An empty value is `_refuse_empty`'s to say.
+    """
+    if _given(config, name) and getattr(config, name) != "":
+        value = getattr(config, name)
+        problems.append(f"--{name.replace('_', '-')} {value!r} is read only with {reader}; {fix}")
+
+
+def _require_folders(problems: list[str], config: CommonConfig, *names: str) -> None:
+    """Refuse an empty folder flag: an unset shell variable would write in the current folder."""
+    for name in names:
+        _refuse_empty(problems, config, name, "give a folder, . for the current one")
+
+
+def _common_problems(problems: list[str], config: CommonConfig) -> None:
+    _require_folders(problems, config, "load_model_dir", "log_dir")
+    _refuse_empty(
+        problems,
+        config,
+        "env_config",
+        "give a JSON file, or leave the flag out for the shipped one",
+    )
+    for flag_name, value in (
+        ("--max-episode-length", config.max_episode_length),
+        ("--skip-rate", config.skip_rate),
+        ("--skip-rate-min", config.skip_rate_min),
+        ("--hidden-size", config.hidden_size),
+    ):
+        if value is not None:  # --hidden-size: None until given (the file's width)
+            _check(problems, require_at_least, flag_name, value)
+    _check(problems, check_sticky_probability, config.repeat_action_probability)
+    if not 0 <= config.seed <= MAX_SEED:
+        problems.append(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
+    if config.skip_rate_min is not None:
+        _check(
+            problems, check_skip_rate_applies, config.env, "--skip-rate-min", config.skip_rate_min
+        )
+    if config.skip_rate != DEFAULT_SKIP_RATE:
+        _check(problems, check_skip_rate_applies, config.env, "--skip-rate", config.skip_rate)
+    if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
+        problems.append(
+            f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
+            f"{config.skip_rate}; give a minimum of {config.skip_rate} or less, or raise "
+            f"--skip-rate to {config.skip_rate_min} or more (the -v0 ids' 2-4 frames: "
+            "--skip-rate-min 2 --skip-rate 4)"
+        )
+    _check(
+        problems,
+        check_flags_apply,
+        config.env,
+        config.repeat_action_probability,
+        config.vector_obs_norm,
+    )
+    _check(problems, check_episode_cap, config.env, config.max_episode_length, config.frame_skip)
+    if config.stall_steps < 0:
+        problems.append(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
+
+
+def train_problems(config: TrainConfig) -> list[str]:
+    """Every value of main.py's command line that cannot work, one line each: value and fix."""
+    problems: list[str] = []
+    _check(problems, require_at_least, "--workers", config.workers)
+    _check(problems, require_at_least, "--num-steps", config.num_steps)
+    _check(problems, require_at_least, "--envs-per-worker", config.envs_per_worker)
+    _common_problems(problems, config)
+    _require_folders(problems, config, "save_model_dir")
+    # A forgotten --load would train afresh where a resume was meant. The save folder named
+    # as both passes: a first sitting's command, to go on later with --load added (and a
+    # state there already is refused in main.py, naming --load).
+    same = os.path.abspath(config.load_model_dir) == os.path.abspath(config.save_model_dir)
+    if not config.load and not same:
+        _refuse_unread(
+            problems, config, "load_model_dir", "--load",
+            "add --load to go on from what it holds, or drop --load-model-dir to start afresh",
+        )  # fmt: skip
+    if config.max_steps < 0:
+        problems.append(f"--max-steps must be 0 (no limit) or more, got {config.max_steps}")
+    if config.lr_schedule == "linear" and config.max_steps == 0:
+        problems.append(
+            "--lr-schedule linear falls to 0 at --max-steps, which is 0 (no limit); give "
+            "--max-steps N, or use --lr-schedule constant"
+        )
+    if not (math.isfinite(config.test_interval) and config.test_interval >= 0):
+        problems.append(f"--test-interval must be 0 or more seconds, got {config.test_interval}")
+    if not 0 <= config.test_niceness <= 19:
+        problems.append(f"--test-niceness must be in 0..19, got {config.test_niceness}")
+    for size in config.distributed_step_size:
+        if size < 1:
+            problems.append(f"--distributed-step-size values must be at least 1, got {size}")
+    if not (math.isfinite(config.lr) and config.lr > 0):
+        problems.append(f"--lr must be a positive number, got {config.lr}")
+    for name, value in (("--gamma", config.gamma), ("--tau", config.tau)):
+        if not 0 < value <= 1:
+            problems.append(f"{name} must be in (0, 1], got {value}")
+    for name, value in (
+        ("--entropy-coef", config.entropy_coef),
+        ("--value-coef", config.value_coef),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            problems.append(f"{name} must be a non-negative number, got {value}")
+    for name, value in (
+        ("--state-interval", config.state_interval),
+        ("--status-interval", config.status_interval),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            problems.append(f"{name} must be 0 or more seconds, got {value}")
+    if not (math.isfinite(config.reward_scale) and config.reward_scale > 0):
+        problems.append(f"--reward-scale must be a positive number, got {config.reward_scale}")
+    if config.nodes < 0:
+        problems.append(f"--nodes must be 0 (every node) or more, got {config.nodes}")
+    if not (math.isfinite(config.sync_interval) and config.sync_interval > 0):
+        problems.append(
+            f"--sync-interval must be a positive number of seconds, got {config.sync_interval}"
+        )
+    if config.ray_address == "":  # "$RAY_ADDRESS" unset, say: not a run on this machine
+        problems.append(
+            "--ray-address is empty (an unset variable?); pass auto, local or host:port, or "
+            "drop --ray-address to train on this machine alone"
+        )
+    if config.ray_address and not ray_address_ok(config.ray_address):
+        problems.append(
+            f"--ray-address {config.ray_address!r} is not an address; pass auto, local or "
+            "host:port (the port 'ray start --head' printed, 6379 by default; an IPv6 host in "
+            "brackets, [::1]:6379)"
+        )
+    if not config.ray_address and config.sync_interval != SYNC_INTERVAL:
+        problems.append(
+            f"--sync-interval {config.sync_interval:g} needs --ray-address (auto, host:port or "
+            "local); drop it for a single-machine run"
+        )
+    if config.amsgrad and config.optimizer != "Adam":
+        problems.append(
+            f"--amsgrad is a variant of Adam and --optimizer is {config.optimizer}; drop "
+            "--amsgrad, or pass --optimizer Adam"
+        )
+    if not config.ray_address and config.exchange_precision != "fp32":
+        problems.append(
+            f"--exchange-precision {config.exchange_precision} needs --ray-address (auto, "
+            "host:port or local); drop it for a single-machine run"
+        )
+    if config.exchange_statistics and not config.ray_address:
+        problems.append(
+            "--exchange-statistics needs --ray-address (auto, host:port or local); on one "
+            "machine the shared optimizer's statistics are every worker's already"
+        )
+    if config.exchange_statistics and not config.shared_optimizer:
+        problems.append(
+            "--exchange-statistics exchanges the shared optimizer's statistics; drop "
+            "--no-shared-optimizer (one optimizer per worker has none to exchange)"
+        )
+    if not config.ray_address and config.nodes:
+        problems.append(
+            f"--nodes {config.nodes} needs --ray-address (auto, host:port or local); drop it "
+            "to train on this machine"
+        )
+    if -1 in config.gpu_ids and len(config.gpu_ids) > 1:
+        problems.append(
+            f"--gpu-ids mixes -1 (CPU) with GPU ids {list(config.gpu_ids)}; give only GPU ids, "
+            "or -1"
+        )
+    return problems
+
+
+def ray_address_ok(address: str) -> bool:
+    """`address` is ``auto``, ``local`` or ``host:port`` with a port in 1-65535."""
+    return address in ("auto", "local") or host_port(address) is not None
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` or ``ray://host:port``; None when it is neither.
+
+    The port must be a number in 1-65535, and an IPv6 host goes in brackets (``[::1]:6379``):
+    without them its last colon would be taken for the port's.
+    """
+    host, _, port = address.rpartition(":")
+    name = host.rpartition("://")[2]  # ray://host:port: the host after the scheme
+    if not name or (":" in name and not (name.startswith("[") and name.endswith("]"))):
+        return None
+    if not (port.isascii() and port.isdecimal() and 0 < int(port) < 65536):
+        return None
+    return name.strip("[]"), int(port)
+
+
+def eval_problems(config: EvalConfig) -> list[str]:
+    """Every value of gym_eval.py's command line that cannot work, one line each."""
+    problems: list[str] = []
+    _check(problems, require_at_least, "--num-episodes", config.num_episodes)
+    _check(problems, require_at_least, "--render-freq", config.render_freq)
+    _check(problems, require_at_least, "--threads", config.threads)
+    cores = os.cpu_count() or 1
+    if config.threads > cores:  # never faster, and in the tens of thousands torch crashes
+        problems.append(
+            f"--threads {config.threads} is more than this machine's {cores} cores; give at "
+            f"most {cores} (1 where training shares the cores)"
+        )
+    _check(problems, require_at_least, "--processes", config.processes)
+    _common_problems(problems, config)
+    _require_folders(problems, config, "demo_dir")
+    _refuse_empty(
+        problems, config, "video_dir", "give a folder, or leave it out for <log-dir>videos/"
+    )
+    _refuse_empty(
+        problems,
+        config,
+        "model",
+        "give the path of a .dat or training-state file, or leave it out for "
+        "<load-model-dir><env>.dat",
+    )
+    if not config.new_gym_eval:
+        _refuse_unread(
+            problems, config, "video_dir", "--new-gym-eval",
+            "add --new-gym-eval to record the games there, or drop --video-dir",
+        )  # fmt: skip
+    if not config.demo:
+        _refuse_unread(
+            problems, config, "demo_dir", "--demo",
+            "add --demo to write the first game there, or drop --demo-dir",
+        )  # fmt: skip
+    if not config.render:
+        _refuse_unread(
+            problems, config, "render_freq", "--render", "add --render to show the games, or drop "
+            "--render-freq",
+        )  # fmt: skip
+    if config.model is not None and _given(config, "load_model_dir"):
+        problems.append(
+            f"--load-model-dir {config.load_model_dir!r} is not read when --model names the "
+            "file; drop one of the two"
+        )
+    if config.render and min(config.processes, config.num_episodes) > 1:
+        problems.append(
+            f"--render shows the games in one window and cannot with --processes "
+            f"{config.processes}; use --processes 1"
+        )
+    if config.render and (config.demo or config.new_gym_eval):
+        recorded = "--demo" if config.demo else "--new-gym-eval"
+        problems.append(
+            f"--render shows the games in a window and cannot record them with {recorded}; "
+            f"drop --render to record (or evaluate twice)"
+        )
+    if config.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        problems.append(
+            "--render needs a display, and none is set here (DISPLAY is empty); "
+            "use --new-gym-eval to record videos instead"
+        )
+    return problems
+
+
+def check_sticky_probability(value: float | None) -> None:
+    """Reject a ``--repeat-action-probability`` outside [0, 1] (None is "the id's own").
+
+    Raises:
+        UsageError: naming the value and the range.
+    """
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise UsageError(
+            f"--repeat-action-probability must be in [0, 1], got {value}; 0.25 is the standard "
+            "sticky-actions protocol, 0 a deterministic emulator"
+        )
+
+
+def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
+    """Refuse a skip flag that `env_id` would ignore (only NoFrameskip ids use it).
+
+    Args:
+        env_id: the game.
+        flag: ``--skip-rate`` or ``--skip-rate-min``, as the message names it.
+        value: the flag's value.
+
+    Raises:
+        UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point == ATARI_ENTRY_POINT and spec.kwargs.get("frameskip", 1) == 1:
+        return
+    why = (
+        f"skips frames itself (frameskip {spec.kwargs['frameskip']})"
+        if spec.entry_point == ATARI_ENTRY_POINT
+        else "is not an ALE game"
+    )
+    raise UsageError(
+        f"{flag} {value} applies to NoFrameskip ids only and {env_id} {why}; drop {flag}, "
+        "or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
+    )
+
+
+def check_flags_apply(
+    env_id: str, repeat_action_probability: float | None, vector_obs_norm: bool
+) -> None:
+    """Refuse flags `env_id` would ignore (the command line's check, and `make_env`'s).
+
+    Raises:
+        UsageError: sticky actions for a game that is not an ALE game, or ``--vector-obs-norm``
+            for one that is (its frames are always normalised).
+    """
+    if is_atari(env_id):
+        if vector_obs_norm:
+            raise UsageError(
+                f"--vector-obs-norm applies to vector observations only, and {env_id}'s frames "
+                "are always normalised (as in the original); drop the flag"
+            )
+    elif repeat_action_probability is not None:
+        raise UsageError(
+            f"--repeat-action-probability {repeat_action_probability} applies to ALE games only, "
+            f"and {env_id!r} is not one; drop the flag"
+        )
+
+
+def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: Any) -> None:
+    """Refuse an episode cap past what ALE counts (`environment.episode_frames`).
+
+    Raises:
+        UsageError: the cap is past `MAX_EPISODE_FRAMES`, naming the largest that fits.
+    """
+    frames, step_frames = episode_frames(env_id, max_episode_length, skip_rate)
+    if frames > MAX_EPISODE_FRAMES:
+        raise UsageError(
+            f"--max-episode-length {max_episode_length} x {step_frames} raw frames a step on "
+            f"{env_id} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
+            f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
+        )
