@@ -291,8 +291,7 @@ class EvalConfig(CommonConfig):
     threads: int = flag(
         1,
         help="CPU threads for the network, at most the machine's cores; more help only on idle "
-        "cores (a step's forward on a 2-core machine: 3.2 ms with 1, 2.7 ms with 2; 47-111 ms "
-        "with 2 while training shares the cores)",
+        "cores, and slow the games while training shares them",
     )
     processes: int = flag(
         1,

@@ -137,8 +137,7 @@ def _check_size(model: nn.Module, flat: np.ndarray) -> None:
 
 
 # The fp16 arithmetic runs on torch views of the numpy arrays: torch's fp16 conversions and
-# mixed fp32 + fp16 adds are 3-10x numpy's on these CPUs (3.25M weights: float32 -> fp16
-# 3.6 ms against 13 ms, fp32 += fp16 2.4 ms against 11 ms), and the server does four a push.
+# mixed fp32 + fp16 adds are several times numpy's, and the server does four a push.
 
 
 def _tensor(values: np.ndarray) -> torch.Tensor:

@@ -2,16 +2,15 @@
 
 The reference path (the original's) runs every step's forward with autograd and keeps 20
 graphs alive until the loss. The fast path computes the same losses and gradients (tested
-against it) in three moves, each measured on the 2-core CPU (`benchmarks/bench_step.py`,
-`benchmarks/bench_networks.py`):
+against it) in three moves, each timed by `benchmarks/bench_step.py` and
+`benchmarks/bench_networks.py` ([performance](docs/performance.md)):
 
-1. Act without autograd, with the conv weights in channels_last (`A3Clstm.use_channels_last`):
-   batch-1 forward 3.4 ms instead of 5.3 ms.
+1. Act without autograd, with the conv weights in channels_last (`A3Clstm.use_channels_last`),
+   the faster layout for a batch-1 forward on a CPU.
 2. Record instead of recompute: while acting, `encode_recorded` writes each conv layer's ReLU
    output and max-pool indices into an `EncoderTape`; the rollout's backward
    (`replay_features`) applies PyTorch's own ReLU and convolution backward kernels to the
-   recorded activations, batched over the rollout. The conv stack never runs a second time
-   (replaying it cost 1.2 ms per step).
+   recorded activations, batched over the rollout. The conv stack never runs a second time.
 3. Fused LSTM over the rollout (`sequence_from_features`): the recorded features go through
    PyTorch's fused LSTM sequence op with the LSTMCell's own weights, so the LSTM weight
    gradients are formed once per rollout instead of once per step.
@@ -165,8 +164,8 @@ def replay_features(model: ActorCriticLSTM, tape: EncoderTape, bf16: bool = Fals
 
     For `A3Clstm`, backward applies PyTorch's own backward kernels (ReLU, max-pool,
     convolution) to the recorded activations, batched over the rollout: the gradients autograd
-    would give for `encode` of the same observations, without running the conv stack again
-    (about 1.2 ms per step saved on the 2-core CPU). A tape recorded in bfloat16 is
+    would give for `encode` of the same observations, without running the conv stack again.
+    A tape recorded in bfloat16 is
     backpropagated in bfloat16 (the weight gradients come back float32). Other networks
     encode the recorded observations again, as one batch (under bfloat16 autocast with `bf16`).
     """
@@ -254,14 +253,13 @@ class _ReplayConvStack(torch.autograd.Function):
 
 BACKWARD_CHUNK = 40
 """Frames per conv-stack backward call (`_ReplayConvStack`) on the CPU; a 20-step rollout of
-one env is one call. On the 2-core CPU, per frame: 2.4 ms in chunks of 20-40, 2.7 in 64-80,
-3.1 in one 320-frame batch (bf16: 1.4, 1.7-1.8, 2.7)."""
+one env is one call. Chunks of 20-40 frames keep the activations in a core's caches, faster
+per frame than larger batches (`benchmarks/bench_conv_layers.py`)."""
 
 GPU_BACKWARD_CHUNK = 1 << 20
 """On a GPU the whole rollout goes in one call: the CPU's reason for chunks (activations
 falling out of a core's caches) does not apply, and each call is a few kernel launches that
-a bigger batch amortises. Not measured against chunks on a GPU (the lent H200 sessions
-timed the whole-rollout path only)."""
+a bigger batch amortises (not timed against chunks on a GPU)."""
 
 
 def backward_chunk(device: torch.device) -> int:

@@ -173,7 +173,7 @@ def real_time_fps(env_id: str, skip_rate: FrameSkip, env: gym.Env) -> float:
 
     A recording of one frame a step at this rate plays at the game's speed (Atari: 60 emulator
     frames a second, 15 steps at a 4-frame skip; others: the env's ``render_fps``, CartPole's
-    50). At 30 (the videos until 2026-11-29) Atari games played at twice their speed.
+    50).
     """
     if is_atari(env_id):
         return ATARI_HZ / frames_per_step(env_id, skip_rate)

@@ -78,10 +78,9 @@ class ActorCriticLSTM(nn.Module):
     def channels_last_suits(device: torch.device, bf16: bool = False) -> bool:
         """Whether `use_channels_last` pays on `device`.
 
-        The CPU: yes (the measured 1.6x batch-1 forward, fp32 and bf16). A GPU: only under
-        bf16, whose tensor-core convolutions want channels last; fp32 stays in cuDNN's
-        default layout. The GPU choice follows NVIDIA's layout guidance, not a measurement
-        here (the lent H200 sessions measured throughput and bf16, not this layout).
+        The CPU: yes (a faster batch-1 forward, fp32 and bf16: docs/performance.md). A GPU:
+        only under bf16, whose tensor-core convolutions want channels last (NVIDIA's layout
+        guidance); fp32 stays in cuDNN's default layout.
         """
         return device.type == "cpu" or bf16
 

@@ -109,11 +109,11 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
     sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
     weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to where its weights
     were taken (``finished.training_in``, set as the sitting's ``counted_to``), not to its
-    end. The record itself where no sitting names its weights (records written before
-    2026-11-28) or where the last sitting has not finished (still running, or killed: the
-    weights on disk may be its own, which it has not named yet). Weights no sitting names
-    in a record whose first sittings name none (written before 2026-11-28, the later ones
-    after) may be theirs: the record up to the last of those. None where every sitting
+    end. The record itself where no sitting names its weights (an older record) or where the
+    last sitting has not finished (still running, or killed: the weights on disk may be its
+    own, which it has not named yet). Weights no sitting names in a record whose first
+    sittings name none (older ones, the later ones newer) may be theirs: the record up to the
+    last of those. None where every sitting
     finished and none could have left `digest`: other weights.
     """
     sittings = counted_sittings(record)

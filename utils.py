@@ -613,9 +613,8 @@ def set_fp32_policy(device: torch.device) -> None:
     PyTorch leaves TF32 on for cuDNN by default on Ampere and later, so the fast path's fused
     ``torch.lstm`` (cuDNN) would run with 10-bit mantissas while the acting ``LSTMCell``
     (cuBLAS matmuls, TF32 off by default) runs full fp32: the loss would differentiate a
-    slightly different policy from the one that acted. Both off makes the two paths agree
-    (and fp32 was the faster precision on an H200 at these batch sizes: bf16's casts cost
-    more than its tensor cores saved). The CPU has no TF32: nothing to set.
+    slightly different policy from the one that acted. Both off makes the two paths agree.
+    The CPU has no TF32: nothing to set.
     """
     if device.type != "cuda":
         return
