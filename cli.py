@@ -3,8 +3,8 @@
 Each configuration is a frozen dataclass; each field is one flag, with its short forms and its
 one-line help (CleanRL's ``Args``, with argparse). The flags both scripts take live in
 `CommonConfig` and are declared there only. Every process gets the parsed configuration, never
-the raw command line, and nothing changes it after parsing (main.py's ``--hidden-size`` is
-settled in parsing: the file ``--load`` reads says its width).
+the raw command line. Parsing reads no file: under ``--load`` without ``--hidden-size`` the
+width stays None until the run folder's plan reads it from the file (`run_folder.hidden_size`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
-from checkpoint import RunPaths, loaded_hidden_size
 from environment import DEFAULT_CONFIG, FrameSkip, skip_from_flags
 from model import HIDDEN_SIZE
 from shared_optim import LR_SCHEDULES
@@ -381,20 +380,13 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
             benchmarks pass ``main.py`` when they check flags they will hand to main.py.
 
     Raises:
-        UsageError: a value that cannot work (argparse's own errors exit with code 2); under
-            ``--load`` without ``--hidden-size``, a damaged or foreign file to read it from.
+        UsageError: every value that cannot work, a line each (argparse's own errors exit
+            with code 2).
     """
     config = _parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog)
     _refuse(train_problems(config))
-    if config.hidden_size is None:  # the width of what --load reads, else the original's
-        width = None
-        if config.load:
-            paths = RunPaths.of(
-                config.env, config.log_dir, config.save_model_dir, config.load_model_dir,
-                config.save_max,
-            )  # fmt: skip
-            width = loaded_hidden_size(paths)
-        config = replace(config, hidden_size=width or HIDDEN_SIZE)
+    if config.hidden_size is None and not config.load:  # --load: the file's (the plan reads it)
+        config = replace(config, hidden_size=HIDDEN_SIZE)
     return config
 
 

@@ -1309,7 +1309,7 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
         with launcher.signals_caught():
             launcher.open_record()  # before any node starts: a failure leaves none to stop
             try:
-                cluster = ClusterRun(ray, config, launcher, log, nodes)
+                cluster = ClusterRun(ray, launcher.config, launcher, log, nodes)
             except Exception as err:  # the server or a launcher could not be created
                 launcher.monitor.close(f"the cluster could not start: {err}", 1)
                 raise

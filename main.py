@@ -17,6 +17,7 @@ _INTERRUPTED_WHILE_IMPORTING: list[int] = []
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
 
+import dataclasses
 import logging
 
 import torch
@@ -57,6 +58,7 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     check_precision(config.precision, config.gpu_ids)
     cluster = part == "test"
     run = run_folder.plan(config, cluster=cluster)
+    config = dataclasses.replace(config, hidden_size=run.hidden_size)  # the file's, if --load
     spec = EnvSpec.of(config)  # config.json read once, here
     env = make_env(spec)
     observation_space, action_space = env.observation_space, env.action_space

@@ -30,10 +30,12 @@ from checkpoint import (
     env_file_stem,
     hold_run_lock,
     load_weights,
+    loaded_hidden_size,
     refuse_another_run,
 )
 from cli import TrainConfig, as_dict
 from environment import saved_frame_skip, skip_bounds, skip_flags, skip_text
+from model import HIDDEN_SIZE
 from shared_optim import scheduled_lr
 from utils import UsageError, check_writable, format_elapsed, refuse_folders_named_as
 from visualize import RUN_ID
@@ -45,6 +47,7 @@ class RunPlan:
 
     Attributes:
         env: the run's env id (its files' and locks' name).
+        hidden_size: the LSTM width the run builds (`hidden_size`).
         folders: ``--save-model-dir`` and ``--log-dir`` as typed, each with its flag.
         paths: the run's files.
         state: the training state ``--load`` resumes from (read, not yet loaded); None for
@@ -56,6 +59,7 @@ class RunPlan:
     """
 
     env: str
+    hidden_size: int
     folders: tuple[tuple[str, str], ...]
     paths: RunPaths
     state: TrainingState | None
@@ -129,8 +133,20 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
         else paths.runs / new_run_name(env_file_stem(config.env), paths)
     )
     return RunPlan(
-        config.env, folders, paths, state, tensorboard_dir, earlier_logs, tuple(warnings)
-    )
+        config.env, hidden_size(config, paths), folders, paths, state, tensorboard_dir,
+        earlier_logs, tuple(warnings),
+    )  # fmt: skip
+
+
+def hidden_size(config: TrainConfig, paths: RunPaths) -> int:
+    """The LSTM width: ``--hidden-size``, else that of what ``--load`` reads, else the original's.
+
+    Raises:
+        UsageError: the file ``--load`` reads is damaged or not a training state.
+    """
+    if config.hidden_size is not None:
+        return config.hidden_size
+    return (loaded_hidden_size(paths) if config.load else None) or HIDDEN_SIZE
 
 
 def read_state(path: Path, config: TrainConfig, statistics: bool) -> TrainingState:

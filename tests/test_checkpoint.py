@@ -247,11 +247,16 @@ def test_an_agent_for_frames_and_one_for_vectors_are_told_apart(tmp_path):
 def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path, monkeypatch):
     import gymnasium as gym
 
+    import run_folder
+    from checkpoint import RunPaths
     from cli import parse_train_args
     from model import HIDDEN_SIZE, A3Clstm
 
     def width(*flags: str) -> int:
-        return parse_train_args(["--env", "CartPole-v1", *flags]).hidden_size
+        """The width the run's plan gives (parsing reads no file)."""
+        config = parse_train_args(["--env", "CartPole-v1", *flags])
+        paths = RunPaths.of(config.env, "logs/", "trained_models/", config.load_model_dir, False)
+        return run_folder.hidden_size(config, paths)
 
     def agent(hidden: int) -> dict:
         return A3Clstm(4, gym.spaces.Discrete(2), hidden).state_dict()
