@@ -3,7 +3,7 @@
 ``main.py --ray-address ...`` runs here instead of on one machine. The pieces:
 
 - A **node launcher** on each machine (`NodeLauncher`, a Ray actor pinned to its node) runs
-  the single-machine launcher's Hogwild pool there (`launcher.Launcher`, part ``workers``): the
+  the single-machine launcher's Hogwild pool there (`launcher.Launcher` without a test process): the
   shared-memory model, the shared optimizer (its statistics stay on the node) and the worker
   processes, spawned and supervised as on one machine.
 - A **parameter server** (`ParameterServer`, an actor on the head) holds the global fp32
@@ -13,7 +13,7 @@
   ``--exchange-precision fp16`` both ways go as fp16 changes whose rounding is carried into
   the next exchange (`ErrorFeedback`): half the bytes, nothing lost over time.
 - The **driver** (this process, on the head) runs the test process and writes the log,
-  TensorBoard, checkpoints and run record as on one machine (`launcher.Launcher`, part ``test``),
+  TensorBoard, checkpoints and run record as on one machine (`launcher.Launcher` without workers),
   with the weights it pulls from the server.
 
 Ray is imported only here, and only when ``--ray-address`` is given.
@@ -698,7 +698,7 @@ class NodeLauncher:
             config.env, config.log_dir, config.save_model_dir, config.load_model_dir, False
         )
         self.pool = Launcher(
-            self.config, paths, spec, model, optimizer, shape, "", part="workers",
+            self.config, paths, spec, model, optimizer, shape, "", test_process=False,
             extra_slots=1, resumed_steps=joined["base_steps"],
         )  # fmt: skip
         self.others_slot = config.workers  # the other nodes' steps, written by this actor only
@@ -987,7 +987,7 @@ class ClusterRun:
         Args:
             ray: the imported, connected Ray module.
             config: the run's configuration.
-            launcher: the driver's `launcher.Launcher` (part ``test``).
+            launcher: the driver's `launcher.Launcher` (without workers).
             log: where node events go.
             nodes: the nodes to start on (`pick_nodes`), the head first.
         """
@@ -1292,7 +1292,7 @@ def signals_noted(ray: Any) -> Iterator[list[int]]:
 def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
     """``main.py --ray-address ...``: the whole run; returns the exit code.
 
-    `prepare` is ``main.prepare``: it builds the driver's launcher (part ``test``) once the
+    `prepare` is ``main.prepare``: it builds the driver's launcher (without workers) once the
     nodes are picked.
     """
     ray = import_ray()
@@ -1301,7 +1301,7 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
         with signals_noted(ray) as noted:  # until the launcher's own handlers take over
             connect(ray, config.ray_address)
             nodes = pick_nodes(ray, config.nodes)  # before prepare makes any folder
-            launcher = prepare(config, part="test")
+            launcher = prepare(config, cluster=True)
         if noted:  # a Ctrl-C or SIGTERM before anything started
             raise KeyboardInterrupt  # main.py: "stopped before training started", exit 130
         # From the nodes' start: a Ctrl-C then still stops them with their last exchange and

@@ -2,7 +2,7 @@
 
 `Launcher.run` starts the children with the shared model and optimizer ``main.prepare``
 built, restarts the dead, and at the stop saves the weights, the training state and the run
-record. A cluster runs its parts with it too (`PARTS`).
+record. A cluster runs its pieces with it too: what differs is passed in.
 """
 
 from __future__ import annotations
@@ -61,17 +61,13 @@ class Child:
         return "Test Agent" if self.rank is None else f"Train Agent: {self.rank}"
 
 
-PARTS = ("all", "workers", "test")
-"""What a launcher runs: ``all`` (one machine: the test process and the workers);
-``workers`` (a cluster node: its Hogwild pool, no files written); ``test`` (the cluster's head:
-the test process and the run's files, with the weights the parameter server sends)."""
-
-
 class Launcher:
     """Starts the test process and the workers, supervises them, restarts the dead, shuts down.
 
-    The same class runs a cluster's parts (`PARTS`); `cluster.py` adds the synchronisation
-    through `on_poll`, called on every supervision round.
+    A cluster's node runs its Hogwild pool with one (``test_process=False``: no test process,
+    no files), and its driver the test process and the run's files (``workers=0``: the steps
+    come from the nodes); `cluster.py` adds the synchronisation through `on_poll`, called on
+    every supervision round, and `before_shutdown`.
     """
 
     JOIN_SECONDS = 10.0
@@ -89,7 +85,8 @@ class Launcher:
         observation_shape: tuple[int, ...],
         tensorboard_dir: str,
         resumed: TrainingState | None = None,
-        part: str = "all",
+        test_process: bool = True,
+        workers: int | None = None,
         extra_slots: int = 0,
         earlier_logs: Path | None = None,
         resumed_steps: int | None = None,
@@ -105,7 +102,9 @@ class Launcher:
             observation_shape: one observation's shape (for the TensorBoard graph).
             tensorboard_dir: the run's TensorBoard folder, also its name in the log.
             resumed: the training state this run continues, if any.
-            part: which processes to run (`PARTS`).
+            test_process: start the test process and write the run's files (state, record,
+                TensorBoard, curve); a cluster node's pool does neither.
+            workers: how many training workers to start here (default ``--workers``).
             extra_slots: step-counter slots beyond the workers' (a cluster node writes the
                 other nodes' steps there, so its workers see the cluster's total).
             earlier_logs: the resumed sittings' ``--log-dir``, where it is another
@@ -113,9 +112,8 @@ class Launcher:
             resumed_steps: the steps this sitting resumed from, for the children's seeds
                 (`ProcessStart`; default: those of `resumed`, else 0).
         """
-        if part not in PARTS:
-            raise ValueError(f"expected part in {PARTS}, got {part!r}")
-        self.part = part
+        self.test_process = test_process
+        self.workers = config.workers if workers is None else workers
         self.on_poll: Callable[[], None] | None = None
         self.before_shutdown: Callable[[], None] | None = None
         self.config = config
@@ -142,12 +140,12 @@ class Launcher:
             steps=0 if resumed is None else resumed.steps,
             elapsed=0.0 if resumed is None else resumed.elapsed,
             skipped=0 if resumed is None else resumed.skipped_updates,
-            slots=(1 if part == "test" else config.workers) + extra_slots,
+            slots=max(self.workers, 1) + extra_slots,
         )
         self.channels = ReportChannels(self.mp)
         self.children = [
-            *([Child(None)] if part != "workers" else []),
-            *(Child(rank) for rank in range(config.workers if part != "test" else 0)),
+            *([Child(None)] if test_process else []),
+            *(Child(rank) for rank in range(self.workers)),
         ]
         self.processes: dict[Child, mp.process.BaseProcess] = {}
         if resumed_steps is None:
@@ -303,10 +301,10 @@ class Launcher:
                 self.stop_reason = f"--max-steps {self.config.max_steps} reached"
             if self.on_poll is not None:
                 self.on_poll()
-            if self.ctx.budget_reached() and self.part == "test":
+            if self.ctx.budget_reached() and not self.workers:  # none here to finish it
                 self.stop_reason = f"--max-steps {self.config.max_steps} reached"
                 return
-            if self.part != "workers":
+            if self.test_process:
                 self.drain_reports()
                 if self.state_due():
                     self.save_state()
@@ -361,7 +359,8 @@ class Launcher:
         """
         if self.stopped_untrained is not None:
             return self.stopped_untrained
-        return self.part == "all" and untrained(self.config.load, self.ctx.total_steps())
+        trains_here = self.test_process and self.workers > 0
+        return trains_here and untrained(self.config.load, self.ctx.total_steps())
 
     def latch_untrained(self) -> None:
         """Fix `trained_nothing`'s answer as the stop comes (the first signal, or shutdown)."""
@@ -372,7 +371,7 @@ class Launcher:
         """Stop every child, then save the latest weights and the training state."""
         self.latch_untrained()
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
-        if self.part != "workers":  # a cluster node's pool: its driver says it
+        if self.test_process:  # a cluster node's pool: its driver says it
             then = (
                 "nothing trained to save" if self.trained_nothing() else "the files are saved next"
             )
@@ -511,7 +510,7 @@ class Launcher:
     def _run(self) -> int:
         self.open_record()
         cores = os.cpu_count() or 1
-        if self.part == "all" and self.config.workers > cores:
+        if self.workers > cores:
             self.log.warning(
                 f"{self.config.workers} workers on {cores} CPU cores: they will share cores and "
                 f"each run slower; --workers {cores} is usually faster"
@@ -522,7 +521,7 @@ class Launcher:
             where = describe_devices(self.config.gpu_ids)
             self.log.info(
                 f"training {self.config.env} with {count_of(self.config.workers, 'worker')}"
-                + (" per node" if self.part == "test" else "")
+                + ("" if self.workers else " per node")
                 + f" on {where}; Ctrl-C stops and saves"
             )
             self.supervise()

@@ -40,13 +40,13 @@ from utils import (
 )
 
 
-def prepare(config: TrainConfig, part: str = "all") -> Launcher:
+def prepare(config: TrainConfig, cluster: bool = False) -> Launcher:
     """Everything before the first process starts; all that can fail on bad input fails here.
 
     Args:
         config: the run's configuration.
-        part: what the launcher runs (`PARTS`): a cluster's driver (``test``) has no workers
-            and so no optimizer (each node keeps its own statistics).
+        cluster: for a cluster's driver: no workers here and so no optimizer (each node keeps
+            its own statistics).
 
     Raises:
         UsageError: a bad GPU id, an unwritable folder, a bad ``config.json`` or env id, an
@@ -56,7 +56,6 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
     log = logging.getLogger("a3g.main")
     check_gpus(config.gpu_ids)
     check_precision(config.precision, config.gpu_ids)
-    cluster = part == "test"
     run = run_folder.plan(config, cluster=cluster)
     config = dataclasses.replace(config, hidden_size=run.hidden_size)  # the file's, if --load
     spec = EnvSpec.of(config)  # config.json read once, here
@@ -82,7 +81,8 @@ def prepare(config: TrainConfig, part: str = "all") -> Launcher:
         log.warning(short)
     return Launcher(
         config, run.paths, spec, shared_model, optimizer, observation_space.shape,
-        run.tensorboard_dir, run.state, part=part, earlier_logs=run.earlier_logs,
+        run.tensorboard_dir, run.state, workers=0 if cluster else None,
+        earlier_logs=run.earlier_logs,
     )  # fmt: skip
 
 
