@@ -31,8 +31,6 @@ import numpy as np
 import torch
 
 from checkpoint import (
-    LAST_SAVE_SUFFIX,
-    STATE_SUFFIX,
     checkpoint_path,
     env_file_stem,
     file_sha256,
@@ -53,8 +51,8 @@ from environment import (
     skip_text,
 )
 from model import HIDDEN_SIZE, ActorCriticLSTM, build_model
-from monitor import counted_sittings, run_totals, up_to_weights
 from player_util import GAME_OVER, STOPPED, TIME_LIMIT, GameResult, GreedyPlayer
+from run_folder import training_record
 from utils import (
     INTERRUPTED_EXIT,
     UsageError,
@@ -225,79 +223,6 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
         f"demo: {gif} and {video.path} ({len(demo.frames)} frames: {every} of "
         f"{demo.seen} agent steps)"
     )
-
-
-def training_record(
-    log_dir: str, model_path: Path, digest: str | None, log: logging.Logger | None = None
-) -> dict | None:
-    """What the run record in `log_dir` says about how the model was trained, if present.
-
-    The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
-    `model_path`, whichever env the evaluation plays; a ``<env>_last.dat`` (the shutdown save
-    of a ``--save-max`` run) and a training state ``<env>_state.pt`` have their run's
-    ``<env>_run.json``. Frames and seconds are the
-    whole run's, every sitting of it together (`monitor.run_totals`); ``command`` is its first
-    sitting's and ``commands`` every sitting's in order (the later ones resumed it with
-    ``--load``, some with other flags: a new lr, another precision on another machine), up to
-    the last that finished (`monitor.counted_sittings`: one still running is not counted).
-    Where the record names the weights its sittings left (SHA-256), only the sittings up to
-    the one that left the model's bytes count, and a record of other weights (a record copied
-    beside another model of that name) is left out, with a warning on `log`; older records
-    are taken by the file name alone. A record this version cannot read is left out (with a
-    warning on `log`): it never stops an evaluation.
-
-    Args:
-        log_dir: the evaluation's ``--log-dir``, where the record is looked for.
-        model_path: the model file evaluated.
-        digest: the SHA-256 of its bytes as the evaluation read them (None: unknown).
-        log: where the warnings go (none without it).
-    """
-    path = Path(log_dir) / f"{model_path.stem}_run.json"
-    for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
-        if not path.exists() and model_path.stem.endswith(suffix):
-            path = Path(log_dir) / f"{model_path.stem.removesuffix(suffix)}_run.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: not JSON, not text
-        return None
-    try:
-        if not isinstance(record, dict):
-            raise TypeError("not a JSON object")
-        record = up_to_weights(record, digest)
-        if record is None:
-            if log is not None:
-                log.warning(
-                    f"{path} is the record of other weights (no sitting of its run left a file "
-                    f"with {model_path.name}'s SHA-256); the summary's training entry is left "
-                    "empty"
-                )
-            return None
-        totals = run_totals(record)
-        sittings = counted_sittings(record)
-        commands = [s.get("command") for s in sittings]
-        if not all(command is None or isinstance(command, str) for command in commands):
-            raise TypeError("a command that is not text")
-        for key, kind in (("hardware", str), ("protocol", dict)):
-            if record.get(key) is not None and not isinstance(record[key], kind):
-                raise TypeError(f"its {key} is not a {kind.__name__}")
-    except (TypeError, KeyError, ValueError, AttributeError) as err:
-        if log is not None:
-            log.warning(
-                f"{path} is not a run record this version reads ({err}); the summary's "
-                "training entry is left empty"
-            )
-        return None
-    return {
-        "frames": totals["frames"],
-        "seconds": totals["seconds"],
-        "sittings": totals["sittings"],
-        "restarts": totals["restarts"],
-        "hardware": record.get("hardware"),
-        "command": next((command for command in commands if command), None),
-        "commands": commands,
-        "protocol": record.get("protocol"),
-        "record": str(path),
-    }
 
 
 def recorded_render_mode(args: EvalConfig) -> str | None:

@@ -5,12 +5,18 @@ the refusals (another live run there, an earlier run's state this run would writ
 state that does not fit), the warnings, the training state to resume, the TensorBoard folder.
 `load` puts the state's weights and optimizer statistics (or the ``.dat`` alone) into the
 built model; `apply` makes the folders, takes their locks and says the warnings.
+
+The run record's chain of sittings lives here too: which earlier record a sitting's record
+goes on from (`chained_record`), the sittings behind a file of weights (`up_to_weights`), a
+whole run's frames and time (`run_totals`), and what an evaluation says of its model's
+training (`training_record`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -24,10 +30,13 @@ import torch
 from torch import nn
 
 from checkpoint import (
+    LAST_SAVE_SUFFIX,
+    STATE_SUFFIX,
     RunPaths,
     TrainingState,
     check_state_dict,
     env_file_stem,
+    file_sha256,
     hold_run_lock,
     load_weights,
     loaded_hidden_size,
@@ -406,3 +415,361 @@ def new_run_name(stem: str, paths: RunPaths) -> str:
         count += 1
         unique = f"{name}-{count}"
     return unique
+
+
+# ----------------------------------------------------------------------------------------------
+# The run record's chain of sittings
+# ----------------------------------------------------------------------------------------------
+
+
+SET_ASIDE = ("earlier_run", "another_run", "whole")
+"""The suffixes of run records a run set aside rather than write over (`chained_record`)."""
+
+
+def has_finished(sitting: dict[str, Any]) -> bool:
+    """Whether a run record's sitting ended with its figures written (frames at least)."""
+    finished = sitting.get("finished")
+    return isinstance(finished, dict) and finished.get("frames") is not None
+
+
+def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sittings of a run record, oldest first, up to the last one that finished.
+
+    A record is read while its run goes on (an evaluation of the last weights, say): the
+    sitting still running, and any that crashed after the last finished one, left nothing in
+    those weights. Where no sitting finished, all of them.
+    """
+    sittings = [*(record.get("previous_runs") or []), record]
+    sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
+    ends = [i for i, sitting in enumerate(sittings) if has_finished(sitting)]
+    return sittings[: ends[-1] + 1] if ends else sittings
+
+
+def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] | None:
+    """The record as it stood when its run left the weights of SHA-256 `digest`.
+
+    The first sitting whose ``weights_sha256`` holds `digest` (the one that wrote those bytes:
+    a ``--save-max`` run's ``<env>.dat`` may stay the same over later sittings), with the
+    sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
+    weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to where its weights
+    were taken (``finished.training_in``, set as the sitting's ``counted_to``), not to its
+    end. The record itself where no sitting names its weights (an older record) or where the
+    last sitting has not finished (still running, or killed: the weights on disk may be its
+    own, which it has not named yet). Weights no sitting names in a record whose first
+    sittings name none (older ones, the later ones newer) may be theirs: the record up to the
+    last of those. None where every sitting
+    finished and none could have left `digest`: other weights.
+    """
+    sittings = counted_sittings(record)
+    named = [
+        (i, digests)
+        for i, sitting in enumerate(sittings)
+        if has_finished(sitting)
+        and isinstance(digests := sitting["finished"].get("weights_sha256"), dict)
+    ]
+    if not named:
+        return record
+    for i, digests in named:
+        names = [name for name, value in digests.items() if value == digest]
+        if names:
+            sitting = {key: value for key, value in sittings[i].items() if key != "counted_to"}
+            training_in = sitting["finished"].get("training_in")
+            taken = [
+                training_in.get(name) if isinstance(training_in, dict) else None for name in names
+            ]
+            if all(isinstance(at, dict) for at in taken):  # a --save-max <env>.dat
+                sitting["counted_to"] = taken[0]
+            return {**sitting, "previous_runs": sittings[:i]}
+    if not has_finished(record):
+        return record
+    unnamed = [i for i in range(named[0][0]) if has_finished(sittings[i])]
+    return {**sittings[unnamed[-1]], "previous_runs": sittings[: unnamed[-1]]} if unnamed else None
+
+
+def run_totals(record: dict[str, Any]) -> dict[str, Any]:
+    """Frames and seconds of a whole run from its record, every sitting in `previous_runs` too.
+
+    A sitting resumed from its training state (``resumed_from`` set) goes on counting, so its
+    figures include the sittings before it; one started afresh (the first, or one started from
+    a ``.dat`` alone on a new machine) counts from 0. The run's totals are the sum of the last
+    figures of each such chain of sittings. A sitting that never finished adds nothing, and
+    those after the last one that finished (a sitting still running while an evaluation reads
+    the record) are not counted at all: their training is not in the weights being described.
+
+    Returns:
+        ``frames`` and ``seconds`` (None where no sitting finished), ``sittings`` (counted
+        from the first to the last that finished; all of them where none did) and
+        ``restarts`` (sittings among those that started afresh after the first).
+    """
+    sittings = counted_sittings(record)
+    chains: list[dict[str, Any]] = []
+    for sitting in sittings:
+        if sitting.get("resumed_from") is None or not chains:
+            chains.append({})
+        if has_finished(sitting):  # up to where later weights were taken, if they were
+            counted_to = sitting.get("counted_to")
+            chains[-1] = counted_to if isinstance(counted_to, dict) else sitting["finished"]
+    done = [chain for chain in chains if chain]
+    seconds = [chain["seconds"] for chain in done if chain.get("seconds") is not None]
+    return {
+        "frames": sum(chain["frames"] for chain in done) if done else None,
+        "seconds": sum(seconds) if seconds else None,
+        "sittings": len(sittings),
+        "restarts": max(0, len(chains) - 1),
+    }
+
+
+def chained_record(
+    record_path: Path,
+    run: str,
+    log: logging.Logger,
+    resumed_from: str | None = None,
+    weights_from: str | None = None,
+    earlier_record: Path | None = None,
+) -> dict[str, Any] | None:
+    """The record of the sittings a new sitting's record goes on from (its ``previous_runs``).
+
+    A run resumed from its state (`resumed_from`): its own record (`_this_runs_record`). One
+    started from a ``.dat`` alone (`weights_from`): the record found here up to those weights
+    (`_record_of_weights`). A run afresh: None, and an earlier run's record here is kept aside.
+    Files kept aside are renamed, never written over, and each is said on `log`.
+
+    Args:
+        record_path: this sitting's run record (``<log-dir><env>_run.json``).
+        run: the run's name (its TensorBoard folder's), which a resume keeps.
+        log: where the warnings go.
+        resumed_from: the training state the sitting resumed from.
+        weights_from: the ``.dat`` a sitting started from alone.
+        earlier_record: the record in the ``--log-dir`` of the sittings resumed, where it is
+            another.
+    """
+    if resumed_from is not None:
+        return _this_runs_record(record_path, run, earlier_record, log)
+    if weights_from is not None and record_path.exists():
+        return _record_of_weights(record_path, Path(weights_from), log)  # copied here by the user
+    if record_path.exists():  # a run afresh in an earlier run's --log-dir
+        where = set_aside(record_path, ".earlier_run")
+        log.warning(
+            f"{record_path} held an earlier run's record (its test games stay in the log); {where}"
+        )
+    return None
+
+
+def _this_runs_record(
+    record_path: Path, run: str, earlier_record: Path | None, log: logging.Logger
+) -> dict[str, Any] | None:
+    """The record of a run resumed from its state: this ``--log-dir``'s, else `earlier_record`.
+
+    Only a record of this run: one naming the same TensorBoard folder (the run's name, which
+    a resume keeps; a record that names none is taken as before). Where both are,
+    `earlier_record`: the state's sitting wrote it, so it is the latest (this folder's is
+    older where the run went on elsewhere and came back). Another run's record here (the
+    folder held one) is kept aside, not chained in nor written over; this run's, kept aside
+    when another run started afresh here, is found there.
+    """
+    own = record_path
+    found = []
+    for path in (earlier_record, own):
+        if path is None or not path.exists():
+            continue
+        previous = _earlier_record(path, record_path, log)
+        if previous is None:
+            continue
+        named = Path(str((previous.get("config") or {}).get("tensorboard_dir") or "")).name
+        if not named or named == run:
+            found.append(previous)
+        elif path == own:
+            where = set_aside(own, ".another_run")
+            log.warning(
+                f"{own} is the record of another run (TensorBoard folder {named}, this run's "
+                f"is {run}); {where}"
+            )
+    if found:
+        return found[0]
+    folders = [own.parent, *([] if earlier_record is None else [earlier_record.parent])]
+    kept = _set_aside_record(record_path, run, folders, log)
+    if kept is None:
+        where = " or ".join(str(folder) for folder in folders)
+        log.warning(
+            f"resume: no run record of the earlier sittings in {where}, so this sitting's "
+            f"record starts without them (copy {own.name} into {own.parent} to keep them)"
+        )
+    return kept
+
+
+def _set_aside_record(
+    record_path: Path, run: str, folders: list[Path], log: logging.Logger
+) -> dict[str, Any] | None:
+    """The latest record of the run named `run` set aside in `folders` (`_set_aside`).
+
+    Where another run started or resumed in this run's ``--log-dir`` it moved this run's
+    record aside (``.earlier_run``, ``.another_run``; ``.whole`` by a start from a
+    ``.dat`` alone); the one written last is the latest.
+    """
+    latest: tuple[float, Path, dict[str, Any]] | None = None
+    name = record_path.name
+    for folder in folders:
+        for path in folder.glob(f"{name}.*"):
+            if not path.name.startswith(tuple(f"{name}.{kind}" for kind in SET_ASIDE)):
+                continue
+            try:
+                written = path.stat().st_mtime
+                previous = json.loads(path.read_text())
+                named = Path(str(previous["config"]["tensorboard_dir"])).name
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if named != run or not isinstance(previous.get("previous_runs") or [], list):
+                continue
+            if latest is None or written > latest[0]:
+                latest = (written, path, previous)
+    if latest is None:
+        return None
+    log.warning(f"the earlier sittings' run record is taken from {latest[1]}")
+    return latest[2]
+
+
+def _record_of_weights(
+    record_path: Path, weights: Path, log: logging.Logger
+) -> dict[str, Any] | None:
+    """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).
+
+    A run started from a ``.dat`` alone goes on from the record found here (copied over
+    with the file, from another machine), but only from the sittings behind those
+    weights: a record that names other weights (another run's) is kept aside, not
+    chained in; one whose later sittings trained on past them is chained up to the
+    sitting that wrote them, the whole file kept aside (both said).
+    """
+    own = record_path
+    previous = _earlier_record(own, record_path, log)
+    if previous is None:
+        return None
+    lineage = up_to_weights(previous, file_sha256(weights))
+    if lineage is None:
+        where = set_aside(own, ".another_run")
+        log.warning(
+            f"{own} is the record of other weights (no sitting in it left {weights}), so "
+            f"this run's record starts afresh; {where}"
+        )
+        return None
+    later = len(counted_sittings(previous)) - len(counted_sittings(lineage))
+    if later:
+        where = set_aside(own, ".whole")
+        log.warning(
+            f"{own}: {weights} is of its sitting {len(counted_sittings(lineage))}, so this "
+            f"run's record goes on from there without the {later} later sitting(s) (their "
+            f"training is not in those weights); {where}"
+        )
+    return lineage
+
+
+def _earlier_record(path: Path, record_path: Path, log: logging.Logger) -> dict[str, Any] | None:
+    """The sittings so far, or None if unfit (said; this run's own file is kept aside)."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        reason = str(err)
+    else:
+        if (
+            isinstance(previous, dict)
+            and isinstance(previous.get("previous_runs") or [], list)
+            and isinstance(previous.get("config") or {}, dict)
+        ):
+            return previous
+        reason = "not a run record"
+    where = (
+        set_aside(path, ".unreadable")
+        if path == record_path
+        else "the file is left as it is"  # another folder's
+    )
+    log.warning(
+        f"run record {path} cannot be read ({reason}); this sitting's record starts without "
+        f"the earlier sittings ({where})"
+    )
+    return None
+
+
+def set_aside(path: Path, suffix: str) -> str:
+    """Rename `path` to a free name, to keep it from being written over; say where it went."""
+    kept = path.with_name(path.name + suffix)
+    for n in itertools.count(1):
+        if not kept.exists():
+            break
+        kept = path.with_name(f"{path.name}{suffix}.{n}")  # one kept before: keep both
+    try:
+        os.replace(path, kept)
+    except OSError as err:
+        return f"it could not be kept aside: {err.strerror}"
+    return f"the file is kept as {kept}"
+
+
+def training_record(
+    log_dir: str, model_path: Path, digest: str | None, log: logging.Logger | None = None
+) -> dict | None:
+    """What the run record in `log_dir` says about how the model was trained, if present.
+
+    The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
+    `model_path`, whichever env the evaluation plays; a ``<env>_last.dat`` (the shutdown save
+    of a ``--save-max`` run) and a training state ``<env>_state.pt`` have their run's
+    ``<env>_run.json``. Frames and seconds are the
+    whole run's, every sitting of it together (`run_totals`); ``command`` is its first
+    sitting's and ``commands`` every sitting's in order (the later ones resumed it with
+    ``--load``, some with other flags: a new lr, another precision on another machine), up to
+    the last that finished (`counted_sittings`: one still running is not counted).
+    Where the record names the weights its sittings left (SHA-256), only the sittings up to
+    the one that left the model's bytes count, and a record of other weights (a record copied
+    beside another model of that name) is left out, with a warning on `log`; older records
+    are taken by the file name alone. A record this version cannot read is left out (with a
+    warning on `log`): it never stops an evaluation.
+
+    Args:
+        log_dir: the evaluation's ``--log-dir``, where the record is looked for.
+        model_path: the model file evaluated.
+        digest: the SHA-256 of its bytes as the evaluation read them (None: unknown).
+        log: where the warnings go (none without it).
+    """
+    path = Path(log_dir) / f"{model_path.stem}_run.json"
+    for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
+        if not path.exists() and model_path.stem.endswith(suffix):
+            path = Path(log_dir) / f"{model_path.stem.removesuffix(suffix)}_run.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, not text
+        return None
+    try:
+        if not isinstance(record, dict):
+            raise TypeError("not a JSON object")
+        record = up_to_weights(record, digest)
+        if record is None:
+            if log is not None:
+                log.warning(
+                    f"{path} is the record of other weights (no sitting of its run left a file "
+                    f"with {model_path.name}'s SHA-256); the summary's training entry is left "
+                    "empty"
+                )
+            return None
+        totals = run_totals(record)
+        sittings = counted_sittings(record)
+        commands = [s.get("command") for s in sittings]
+        if not all(command is None or isinstance(command, str) for command in commands):
+            raise TypeError("a command that is not text")
+        for key, kind in (("hardware", str), ("protocol", dict)):
+            if record.get(key) is not None and not isinstance(record[key], kind):
+                raise TypeError(f"its {key} is not a {kind.__name__}")
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        if log is not None:
+            log.warning(
+                f"{path} is not a run record this version reads ({err}); the summary's "
+                "training entry is left empty"
+            )
+        return None
+    return {
+        "frames": totals["frames"],
+        "seconds": totals["seconds"],
+        "sittings": totals["sittings"],
+        "restarts": totals["restarts"],
+        "hardware": record.get("hardware"),
+        "command": next((command for command in commands if command), None),
+        "commands": commands,
+        "protocol": record.get("protocol"),
+        "record": str(path),
+    }

@@ -34,8 +34,8 @@ from gym_eval import QUIET_TAIL_STEPS, cut_short, play_in_processes, process_see
 from launcher import Child
 from main import prepare
 from model import A3Clstm
-from monitor import run_totals
 from player_util import GAME_OVER, STALLED, TIME_LIMIT, GameResult
+from run_folder import run_totals
 from tests.conftest import (
     BF16_CPU,
     PONG,

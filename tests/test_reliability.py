@@ -32,7 +32,8 @@ from environment import EnvSpec, load_normalizer_state, make_env, normalizer_sta
 from launcher import STOPPING, Child, Launcher
 from main import prepare
 from model import A3Clstm, build_model
-from monitor import TENSORBOARD_SECONDS, run_totals
+from monitor import TENSORBOARD_SECONDS
+from run_folder import run_totals
 from tests.conftest import (
     PONG,
     PONG_FLAGS,
@@ -180,7 +181,7 @@ def test_run_totals_add_the_chains_of_sittings():
 
 
 def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
-    from gym_eval import training_record
+    from run_folder import training_record
 
     first = {"command": "python main.py --first", "finished": {"frames": 100, "seconds": 60.0}}
     record = {
@@ -232,7 +233,7 @@ def test_an_evaluation_reads_the_whole_run_from_its_record(tmp_path, caplog):
 
 
 def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp_path, caplog):
-    from gym_eval import training_record
+    from run_folder import training_record
 
     files = {name: tmp_path / name for name in ("early.dat", "late.dat", "state.pt", "other")}
     for name, path in files.items():
@@ -312,7 +313,7 @@ def test_a_save_max_run_records_how_far_it_was_when_its_kept_weights_were_taken(
         f"{PONG}.dat": {"steps": 10, "frames": 40, "seconds": 3.0}
     }
     assert record["finished"]["weights_sha256"][dat.name] == file_sha256(dat)
-    from gym_eval import training_record
+    from run_folder import training_record
 
     assert training_record(str(tmp_path / "logs"), dat, file_sha256(dat))["frames"] == 40
     # Resumed without --save-max, every game and the shutdown write <env>.dat: no cut point.
