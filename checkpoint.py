@@ -61,8 +61,7 @@ def current_umask() -> int:
 def _sigterm_cleans_up() -> Iterator[None]:
     """Within: a SIGTERM that would kill this process at once raises SystemExit instead.
 
-    Then a write it interrupts removes its temporary file on the way out. A process that
-    handles SIGTERM itself (the launcher, which stops gracefully) keeps its handler.
+    Then an interrupted write removes its temporary file. A process's own handler stays.
     """
     if (
         threading.current_thread() is not threading.main_thread()
@@ -84,15 +83,9 @@ def _sigterm_cleans_up() -> Iterator[None]:
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a file through a temporary file and a rename.
 
-    A reader (or a crash) never sees a half-written file: the old file stays until the new
-    one is complete on disk, and a failed or SIGTERM-interrupted write leaves no temporary
-    file behind. The file gets the mode the umask gives a new file (0644 under umask 022),
-    not the 0600 of a temporary file, so others can read a checkpoint on a shared machine;
-    the folder is synced after the rename, so the rename itself survives a power cut.
-
-    Args:
-        path: the file to (re)place.
-        write: writes the whole content to the binary file object it is given.
+    A reader (or a crash) never sees a half-written file, and a failed write leaves no
+    temporary file. The file gets the umask's mode, not a temporary file's 0600, so others can
+    read a checkpoint; the folder is synced, so the rename survives a power cut.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,8 +121,7 @@ def _fsync_folder(folder: Path) -> None:
 def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save`` `obj` to `path` with `write_atomic`.
 
-    Serialises in memory first, so a failing disk raises the plain OSError (``No space left
-    on device``, ``File too large``) rather than torch's zip-writer error.
+    Serialises in memory first, so a failing disk raises the plain OSError, not torch's.
     """
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -137,11 +129,7 @@ def save_atomic(obj: Any, path: str | Path) -> None:
 
 
 def file_sha256(path: str | Path) -> str | None:
-    """The SHA-256 of a file's bytes, in hex (None if it cannot be read).
-
-    A run record keeps it for the weights its run left, so `gym_eval.training_record` tells
-    them from other weights of that name.
-    """
+    """The SHA-256 of a file's bytes, in hex (None if it cannot be read)."""
     digest = hashlib.sha256()
     try:
         with Path(path).open("rb") as file:
@@ -158,9 +146,7 @@ def write_json_atomic(obj: Any, path: str | Path) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
-# How every file torch.save writes begins: a zip archive, or (the legacy format) a pickle
-# of protocol 2 or later. Anything else (a text file, an image) is not a PyTorch file at all,
-# which the unpickler would report as "unsupported" pickled content.
+# How every file torch.save writes begins: a zip archive, or a legacy pickle (protocol 2+).
 _TORCH_FILE_STARTS = (b"PK", b"\x80")
 
 
@@ -191,8 +177,7 @@ def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
             "load it (it could run code): use a file A3G wrote"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, IndexError, struct.error) as err:
-        # PyTorch's first sentence says it (a cut zip archive's goes on for a paragraph); a
-        # cut legacy-format file fails in the unpickler, with nothing to say a user can use.
+        # PyTorch's first sentence says it; a cut legacy file fails in the unpickler, unhelpfully.
         lines = str(err).strip().splitlines()
         if isinstance(err, IndexError | struct.error | EOFError) or not lines:
             lines = ["it ends early"]
@@ -259,10 +244,7 @@ def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str
 
 
 def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of the weights, as saved in ``.dat`` files.
-
-    Always in the contiguous layout the original saves, also from a channels_last model.
-    """
+    """A CPU copy of the weights in the contiguous layout, as saved in ``.dat`` files."""
     return {
         k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
         for k, v in model.state_dict().items()
@@ -270,9 +252,7 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def saved_hidden_size(path: str | Path) -> int | None:
-    """The LSTM hidden size a ``.dat`` (or a training state's weights) was saved with.
-
-    None where there is no such file or it holds no LSTM weights: `load_weights` says why.
+    """The LSTM hidden size a ``.dat`` (or a training state's weights) was saved with, or None.
 
     Raises:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
@@ -288,10 +268,7 @@ def _lstm_width(weights: Any) -> int | None:
 
 
 def loaded_hidden_size(paths: RunPaths) -> int | None:
-    """The LSTM hidden size of what main.py's ``--load`` reads.
-
-    The weights of `paths.load_state` where there is one, else of `paths.load_model`
-    (`run_folder.plan`'s choice); None where neither says (no file: the resume says so).
+    """The LSTM hidden size of what main.py's ``--load`` reads: its state, else its ``.dat``.
 
     Raises:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects; the
@@ -305,12 +282,8 @@ def loaded_hidden_size(paths: RunPaths) -> int | None:
 def load_weights(model: nn.Module, path: str | Path, hint: str = "") -> None:
     """Load a ``.dat`` state_dict (ours or the original A3G's), or a training state's, into `model`.
 
-    Uses ``weights_only=True``, so a file holding pickled objects cannot run code.
-
-    Args:
-        model: the network to load into.
-        path: the file (``<load-model-dir><env>.dat`` unless the caller took another).
-        hint: what else the caller's user can do, added in brackets to a missing file's line.
+    Uses ``weights_only=True``, so a file holding pickled objects cannot run code. `hint` is
+    added to a missing file's message.
 
     Raises:
         UsageError: the file is missing, unreadable, not a state_dict, or saved for another
@@ -332,11 +305,7 @@ def load_weights(model: nn.Module, path: str | Path, hint: str = "") -> None:
 
 
 def _stored_weights(path: Path) -> Any:
-    """What a file holds as weights: a ``.dat``'s content, or a training state's ``model``.
-
-    (A training state is what gym_eval.py --model <env>_state.pt plays.) `check_state_dict`
-    says whether they fit.
-    """
+    """What a file holds as weights: a ``.dat``'s content, or a training state's ``model``."""
     content = _torch_load(path, "checkpoint")
     return content.get("model") if is_training_state(content) else content
 
@@ -344,9 +313,7 @@ def _stored_weights(path: Path) -> Any:
 def untrained(loaded: bool, steps: int) -> bool:
     """Whether a run's weights are the random ones it began with.
 
-    A fresh run (no ``--load``) before its first counted step. Such weights are never saved
-    over a ``<env>.dat`` (the shipped agent, in the default folder) nor as a training state
-    (which would refuse the next fresh run).
+    Such weights are never saved over a ``<env>.dat`` nor as a training state.
     """
     return not loaded and steps == 0
 
@@ -364,32 +331,15 @@ def is_training_state(content: Any) -> bool:
 class TrainingState:
     """Everything `--load` resumes from: the file ``<save-model-dir><env>_state.pt``.
 
-    Written by the launcher every ``--state-interval`` seconds and at shutdown (`save`), read
-    back by `load`. On disk it is a dict of tensors and plain values (``weights_only=True``
-    loads it); `save` and `read_file` below are the whole of its layout.
+    On disk it is a dict of tensors and plain values (``weights_only=True`` loads it); `save`
+    and `read_file` are the whole of its layout.
 
     Attributes:
-        model: the shared model's weights (the same ``state_dict`` as ``<env>.dat``).
-        optimizer: the shared optimizer's ``state_dict`` (None with ``--no-shared-optimizer``).
-        steps: agent steps of all workers so far.
-        frames: raw emulator frames so far.
-        elapsed: seconds trained so far (over every resumed part).
-        skipped_updates: updates skipped for a NaN or inf, all workers together.
-        test_rewards: every test game's reward, in order.
         training_games: every training game's ``[frames, seconds, score, steps]``, in order.
-        worker_normalizers: each worker's observation-normaliser statistics, by rank.
-        test_normalizer: the test process's normaliser statistics.
-        tensorboard_dir: the run's TensorBoard folder (a resumed run writes on in it).
-        config: the configuration of the run that saved it.
-        saved_at: when it was saved (``time.time()``).
-        dat_score: the test-game score of the weights in ``<env>.dat`` then, what a resumed
-            ``--save-max`` run's games must match to replace that file (None: not known; a
-            run without ``--save-max`` replaces the file every game and at shutdown, so it
-            records none).
-        dat_trained: with `dat_score`, how far the run was when those weights were taken
-            (``steps``, ``frames``, ``seconds``), what the run record credits them with.
-        log_dir: the run's ``--log-dir`` as an absolute path (``config`` has it as typed,
-            relative to a working directory a resume may not share).
+        dat_score: the test score of the weights in ``<env>.dat``, which a resumed
+            ``--save-max`` run's games must match to replace it (None: not known).
+        dat_trained: how far the run was when those weights were taken.
+        log_dir: the run's ``--log-dir``, absolute (``config`` has it as typed).
     """
 
     model: dict[str, torch.Tensor]
@@ -494,9 +444,7 @@ class TrainingState:
         )
 
 
-# ----------------------------------------------------------------------------------------------
 # Where a run's files go
-# ----------------------------------------------------------------------------------------------
 
 
 # What a ``--save-max`` run's shutdown save adds to the env's file stem: ``<env>_last.dat``.
@@ -509,17 +457,8 @@ STATE_SUFFIX = "_state"
 class RunPaths:
     """Every file a run reads or writes, computed once from the flags.
 
-    Attributes:
-        log: ``<log-dir><env>_log``, the test games (appended to).
-        record: ``<log-dir><env>_run.json``, the run record.
-        curve: ``<log-dir><env>_curve.png``, drawn at the end.
-        runs: ``<log-dir>runs/``, where TensorBoard run folders go.
-        model: ``<save-model-dir><env>.dat``, saved by the test process.
-        final_model: the shutdown save: `model`, or ``<env>_last.dat`` under ``--save-max``
-            (so the best stays).
-        state: ``<save-model-dir><env>_state.pt``, the training state.
-        load_model: ``<load-model-dir><env>.dat``, what ``--load`` reads without a state.
-        load_state: ``<load-model-dir><env>_state.pt``, what ``--load`` resumes from.
+    `final_model` is the shutdown save: `model`, or ``<env>_last.dat`` under ``--save-max``
+    (so the best stays).
     """
 
     log: Path
@@ -552,39 +491,23 @@ class RunPaths:
         )
 
 
-# ----------------------------------------------------------------------------------------------
 # One run at a time in a folder
-# ----------------------------------------------------------------------------------------------
 
 
 # What marks a folder as written by a live run of an env: ``<folder><env>.lock``.
 RUN_LOCK_SUFFIX = ".lock"
 
 _held_run_locks: dict[tuple[int, int], tuple[Path, int]] = {}
-"""The run locks this process holds, by the lock file's device and inode (the same file by any
-name or after a move): its path and the open file the ``flock`` is on."""
+"""The run locks this process holds, by the lock file's device and inode: path and open fd."""
 
 
 def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
     """Mark `folder` as written by this process's run of `env_id`, until the process ends.
 
-    Two runs of one env writing one folder at once (a run resumed in a second terminal while
-    the first still trains, two fresh runs with the default folders) write over each other's
-    weights, training state, log and record. The mark is an exclusive ``flock`` on
-    ``<folder><env>.lock``, which the kernel lets go when the process ends however it ends (a
-    SIGKILL too): a crash leaves no stale lock, only the file, which the next run takes. A
-    normal exit removes the file (`release_run_locks`). The process that holds the mark may
-    take it again (a launcher prepared twice in one process, as tests do); runs of other envs
-    are not kept out.
-
-    Does nothing where the folder does not exist (no run writes there: called again once
-    `utils.check_writable` has made it) or refuses files (`check_writable` says so), and
-    where the file system has no locks.
-
-    Args:
-        folder: a folder the run writes: ``--save-model-dir`` or ``--log-dir``.
-        env_id: the run's env id.
-        flag: the flag that named the folder, for the error.
+    Two runs of one env writing one folder at once write over each other's files. The mark is
+    an exclusive ``flock`` on ``<folder><env>.lock``, which the kernel lets go however the
+    process ends, so a crash leaves no stale lock. The holder may take it again. Does nothing
+    where the folder is missing or unwritable (`check_writable` says so) or has no locks.
 
     Raises:
         UsageError: another live process holds the mark; names its process id and the fix.
@@ -657,10 +580,7 @@ def _another_run(folder: str | Path, env_id: str, flag: str, holder: str) -> Usa
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool] | None:
-    """`path` opened (made where missing) and whether this call made it.
-
-    None where it can be neither: no folder there, or one this process may not write.
-    """
+    """`path` opened (made where missing) and whether this call made it; None where neither."""
     while True:
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True

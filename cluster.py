@@ -1,22 +1,10 @@
 """Training on a Ray cluster: Hogwild inside each machine, a parameter server between them.
 
-``main.py --ray-address ...`` runs here instead of on one machine. The pieces:
-
-- A **node launcher** on each machine (`NodeLauncher`, a Ray actor pinned to its node) runs
-  the single-machine launcher's Hogwild pool there (`launcher.Launcher` without a test process): the
-  shared-memory model, the shared optimizer (its statistics stay on the node) and the worker
-  processes, spawned and supervised as on one machine.
-- A **parameter server** (`ParameterServer`, an actor on the head) holds the global fp32
-  weights. Every ``--sync-interval`` seconds each node pushes the change of its shared
-  weights since its last exchange and gets the global weights back (`exchange`); the server
-  adds every push, so each node's updates count once, as if all workers were one pool. With
-  ``--exchange-precision fp16`` both ways go as fp16 changes whose rounding is carried into
-  the next exchange (`ErrorFeedback`): half the bytes, nothing lost over time.
-- The **driver** (this process, on the head) runs the test process and writes the log,
-  TensorBoard, checkpoints and run record as on one machine (`launcher.Launcher` without workers),
-  with the weights it pulls from the server.
-
-Ray is imported only here, and only when ``--ray-address`` is given.
+Each machine runs a `NodeLauncher`: the single-machine Hogwild pool, without a test process.
+A `ParameterServer` on the head adds every node's pushed weight change and answers with the
+global weights. The driver runs the test process and writes the log, checkpoints and run
+record as on one machine. Ray is imported only here, only with ``--ray-address``; see
+docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -60,10 +48,8 @@ STOP_SECONDS = 60.0
 """How long the driver waits for the nodes' final exchange when the run stops."""
 
 SERVER_SECONDS = 60.0
-"""How long the driver waits for one answer of the parameter server (a pull, its figures), and a
-node for its join: longer, and the server is taken as lost (hung, or its machine unreachable;
-a joining node's start fails), so the driver's Ctrl-C and the final save never wait on it for
-good."""
+"""How long the driver waits for one answer of the parameter server, and a node for its join;
+past it the server is taken as lost, so Ctrl-C and the final save never wait for good."""
 
 ADOPT_SECONDS = 10.0
 """How often the driver looks for alive nodes without a launcher (a node back, or a new one)."""
@@ -87,9 +73,7 @@ BUSY_WARNING_SECONDS = 300.0
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
-# ----------------------------------------------------------------------------------------------
 # The exchange arithmetic (no Ray)
-# ----------------------------------------------------------------------------------------------
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
@@ -107,8 +91,7 @@ def weights_digest(weights: np.ndarray) -> str:
 def add_flat(model: nn.Module, change: np.ndarray) -> None:
     """Add a flat vector (`flat_weights`' layout) to the parameters, in place.
 
-    In place, so a shared-memory model stays shared and the workers' Hogwild updates made
-    meanwhile are kept: they are added to, not overwritten.
+    In place, so a shared model stays shared and the workers' updates made meanwhile are kept.
     """
     _write_flat(model, change, torch.Tensor.add_)
 
@@ -136,8 +119,7 @@ def _check_size(model: nn.Module, flat: np.ndarray) -> None:
         raise ValueError(f"expected {expected} weights, got {flat.size}")
 
 
-# The fp16 arithmetic runs on torch views of the numpy arrays: torch's fp16 conversions and
-# mixed fp32 + fp16 adds are several times numpy's, and the server does four a push.
+# The fp16 arithmetic runs on torch views of the numpy arrays: torch's fp16 ops are faster.
 
 
 def _tensor(values: np.ndarray) -> torch.Tensor:
@@ -160,11 +142,8 @@ def add_into(total: np.ndarray, values: np.ndarray) -> None:
 class ErrorFeedback:
     """fp16 sends of a float32 stream that lose nothing over time (error feedback).
 
-    fp16 keeps 11 significant bits: a change smaller than half an fp16 step of itself is fine,
-    but every send rounds, and a node's change is a sum of many small Adam steps. Sent alone,
-    each rounding would be lost for good, and a stream of changes under fp16's smallest step
-    (6e-8) would never arrive. Here what rounding drops is kept and added to the next send, so
-    everything sent adds up to everything meant, up to the one rounding still owed.
+    What a send's rounding drops is owed and added to the next send, so everything sent adds
+    up to everything meant; alone, changes under fp16's smallest step would never arrive.
     """
 
     def __init__(self, size: int):
@@ -189,19 +168,10 @@ class ErrorFeedback:
 class WeightSync:
     """One node's side of the exchange with the parameter server.
 
-    The node remembers the global weights it last received (`snapshot`). An exchange pushes
-    ``shared - snapshot`` (its workers' updates since then), receives the new global weights
-    ``pulled``, and applies ``shared += pulled - current``, where ``current`` is what it
-    pushed from: updates its workers made during the round trip stay in the shared model
-    (``shared = pulled`` would drop them) and go out with the next push, since ``pulled``
-    becomes the snapshot.
-
-    With ``precision="fp16"`` the push is the change in fp16 through `ErrorFeedback`, and the
-    server answers an fp16 push with the global weights' change since this node's snapshot,
-    in fp16 (`ParameterServer.exchange` keeps its own copy of each node's snapshot and carries
-    that rounding itself). The node adds it to its snapshot: the same float32 sum as the
-    server's copy, so the two stay equal to the bit. A ``last`` exchange goes in float32 both
-    ways and leaves the node holding exactly the server's weights.
+    An exchange pushes ``shared - snapshot`` (the workers' updates since the last), receives
+    the global weights ``pulled`` and applies ``shared += pulled - current``: updates made
+    during the round trip stay and go out with the next push. In fp16 both ways carry changes
+    through error feedback; the server keeps a copy of each node's snapshot, equal to the bit.
     """
 
     def __init__(self, model: nn.Module, snapshot: np.ndarray, precision: str = "fp32"):
@@ -213,16 +183,8 @@ class WeightSync:
     def exchange(self, send: Callable[[np.ndarray], np.ndarray], last: bool = False) -> np.ndarray:
         """One push and pull: `send` takes the change and returns what the server answers.
 
-        Args:
-            send: pushes a change (float32, or fp16 for an fp16 exchange) and returns the
-                server's answer: the global weights (float32), or their fp16 change since
-                this node's snapshot.
-            last: the node's last exchange, made with its workers stopped: float32 both
-                ways, and the node then holds the server's weights as they are
-                (``current + (pulled - current)`` can miss `pulled` by a rounding step).
-
-        Returns:
-            The global weights received (the new snapshot).
+        A `last` exchange goes in float32 and sets the server's weights, since ``current +
+        (pulled - current)`` can miss `pulled` by a rounding step. Returns the new snapshot.
         """
         current = flat_weights(self.model)
         change = current - self.snapshot
@@ -245,23 +207,12 @@ class WeightSync:
 class StatisticsSync:
     """One node's side of the exchange of its optimizer's statistics (``--exchange-statistics``).
 
-    A step of the shared optimizer moves each of its moving averages (Adam's moments,
-    RMSprop's average; `moving_averages`) as ``avg = decay * avg + new``, so on one machine
-    the steps of all workers, in whatever order, make one average of all their gradients. A
-    node whose workers took `k` steps since it took the cluster's averages `snapshot` holds
-    ``current = decay**k * snapshot + new``: it pushes `new` and ``decay**k``, and the server
-    applies them to the cluster's averages the same way (``avg = decay**k * avg + new``). The
-    cluster's averages are then those of one optimizer stepped by every node's workers, as
-    one machine's shared optimizer is (exactly so where no other node pushed in between and
-    no step of this node's was half done as it was read: Hogwild reads them unlocked).
-    Adding ``current - snapshot``, as the weights are added, would decay the cluster's
-    averages once per node: n nodes by n times the steps, and below zero past a few nodes.
-
-    The node then takes the cluster's averages without losing the steps its workers took
-    during the round trip (`k2` of them): ``avg = now + decay**k2 * (pulled - current)``. The
-    step count that Adam's bias correction uses is the cluster's too: the other nodes' steps
-    go in an extra slot of the optimizer (`workers`), as the agent steps do in the launcher's.
-    AMSGrad's running maximum stays each node's own, over the averages it holds.
+    A node whose workers took `k` steps since its `snapshot` holds ``current = decay**k *
+    snapshot + new``. It pushes `new` and ``decay**k``; the server applies ``avg = decay**k *
+    avg + new``, as one optimizer stepped by every node would. (Adding ``current - snapshot``,
+    as for the weights, would decay the averages once per node.) The node then takes the
+    cluster's averages, keeping the `k2` steps made during the round trip: ``avg = now +
+    decay**k2 * (pulled - current)``. The other nodes' steps go in an extra step-count slot.
     """
 
     def __init__(
@@ -269,12 +220,7 @@ class StatisticsSync:
     ):
         """Start from the cluster's averages (None: none pushed yet, this node's zeros).
 
-        Args:
-            optimizer: the node's shared optimizer, with a step-count slot past `workers`.
-            workers: the node's workers, one step-count slot each (the slots before the extra).
-            averages: the server's averages, or None before any node pushed.
-            steps: the run's optimizer steps so far, every node's (the extra slot's start).
-            before: this node's own steps before this launcher (a restart), pushed on top.
+        `before` is this node's own steps before this launcher (a restart), pushed on top.
         """
         self.optimizer = optimizer
         self.workers = workers
@@ -309,11 +255,7 @@ class StatisticsSync:
                     tensor.clamp_(min=0)  # a Hogwild race or a rounding: never below 0
 
     def exchange(self, send: Callable[..., tuple[np.ndarray, int]]) -> np.ndarray:
-        """One push and pull: `send(new, decays, sizes, steps)` returns the averages and steps.
-
-        Returns:
-            The cluster's averages received (the new snapshot).
-        """
+        """One push and pull: `send(new, decays, sizes, steps)` returns the averages and steps."""
         steps = self.own_steps()
         current = self.read()
         decays = self.decays ** (steps - self.read_at)
@@ -349,25 +291,9 @@ def merge_statistics(
 class ParameterServer:
     """The global weights, the sum of every node's pushes (run as a Ray actor on the head).
 
-    Attributes:
-        weights: the global fp32 weights (`flat_weights` layout).
-        base_steps: agent steps before this run (a resumed run).
-        node_steps: each node's own agent steps, as last pushed.
-        node_skipped: each node's skipped updates, as last pushed.
-        pushes: each node's number of exchanges.
-        bytes_exchanged: bytes pushed and pulled in the exchanges, all nodes together (not
-            a launcher's first pull, when it joins).
-        round_trips: each node's (exchanges timed, their total milliseconds).
-        recent_round_trips: all nodes' (exchanges timed, total milliseconds) since the
-            driver's last `pull`, each launcher's first timed exchange left out (its workers
-            were starting).
-        timed: the (node, generation) of each launcher that has reported a round trip.
-        reports: workers' training summaries sent with the pushes, until the driver takes them.
-        views: for each node exchanging in fp16, the weights it holds as the server's (its
-            `WeightSync.snapshot`, to the bit): one float32 copy of the model per such node.
-        statistics: the cluster's optimizer statistics (``--exchange-statistics``;
-            `StatisticsSync`), None until a node pushes some.
-        node_optimizer_steps: each node's own optimizer steps, as last pushed with them.
+    `views` holds, for each node exchanging in fp16, the weights it holds as the server's (its
+    `WeightSync.snapshot`, to the bit). `recent_round_trips` counts since the driver's last
+    `pull`, each launcher's first timed exchange (`timed`) left out: its workers were starting.
     """
 
     def __init__(self, weights: np.ndarray, base_steps: int = 0, base_skipped: int = 0):
@@ -402,25 +328,11 @@ class ParameterServer:
     ) -> tuple[np.ndarray, int]:
         """Add a node's change; return the global weights and the run's total steps.
 
-        A change in fp16 asks for the answer in fp16 too: the global weights' change since
-        what this node holds (`views`), rounded, with the rounding left in the difference for
-        the next answer (error feedback on the way back). The node's first fp16 exchange, and
-        any float32 one, is answered with the weights themselves.
-
-        A launcher replaced by a newer one on its node (an older `generation`, arriving late)
-        still has its change added, but touches neither the node's counts nor its fp16 view,
-        which are the new launcher's, and is answered in float32.
-
-        Args:
-            node: the node's id.
-            change: its weights' change since its last exchange (float32 or fp16).
-            steps: its own agent steps so far.
-            skipped: its own skipped updates so far.
-            last_round_trip_ms: how long its previous exchange took, end to end.
-            reports: its workers' training summaries since its last exchange.
-            generation: what `join` gave this launcher.
-            last: the node's last exchange of the run: the answer's digest is kept for the
-                run record, which checks that the node ended with the weights it was sent.
+        An fp16 change is answered with the weights' fp16 change since the node's view, its
+        rounding left for the next answer; a first fp16 exchange, and any float32 one, with the
+        weights. A replaced launcher (an older `generation`) still has its change added but
+        touches neither the node's counts nor its view. A `last` answer's digest is kept for
+        the run record.
         """
         if change.shape != self.weights.shape:
             raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
@@ -466,14 +378,6 @@ class ParameterServer:
         """Merge a node's optimizer statistics into the cluster's (`StatisticsSync`).
 
         Returns the cluster's statistics and the run's optimizer steps (every node's).
-
-        Args:
-            node: the node's id.
-            new: what its steps added to its averages since its snapshot (float32).
-            decays: how much those steps decayed each of its averages (one per tensor).
-            sizes: the values in each tensor, in `new`'s order.
-            steps: its own optimizer steps so far.
-            generation: what `join` gave this launcher (an older one's counts are not kept).
         """
         if self.statistics is None:
             self.statistics = np.zeros_like(new, dtype=np.float32)
@@ -486,11 +390,8 @@ class ParameterServer:
     def join(self, node: str) -> dict[str, Any]:
         """A node launcher starting: the weights, the run's steps, the node's own counts so far.
 
-        A launcher restarted on a node goes on from that node's counts (the run's total would
-        drop otherwise), and its fp16 exchanges start afresh from the weights it gets here. Its
-        `generation` is passed with each exchange: an older launcher's late ones are told apart.
-        `base_steps`, the steps the run resumed from, give a resumed sitting's workers seeds
-        of their own (`ProcessStart`).
+        A restarted launcher goes on from its node's counts and starts its fp16 exchanges
+        afresh; its `generation` tells an older launcher's late exchanges apart.
         """
         self.views.pop(node, None)
         self.generations[node] = self.generations.get(node, -1) + 1
@@ -515,10 +416,7 @@ class ParameterServer:
         return self.base_steps + sum(self.node_steps.values())
 
     def pull(self) -> dict[str, Any]:
-        """What the driver needs: weights, counts, and what came since its last pull.
-
-        That is the training summaries and the nodes' round trips (`recent_round_trips`).
-        """
+        """What the driver needs: weights, counts, reports and round trips since its last pull."""
         reports, self.reports = self.reports, []
         round_trips, self.recent_round_trips = self.recent_round_trips, (0, 0.0)
         return {
@@ -544,12 +442,9 @@ class ParameterServer:
 def exchange_load(nodes: int, round_trip_ms: float, sync_interval: float) -> float:
     """The share of time the exchanges would keep the server busy if it did all their work.
 
-    A node exchanges once every ``--sync-interval`` plus a round trip (it waits the interval
-    from the end of one exchange to the start of the next), so `nodes` nodes spend
-    ``nodes * rt / (interval + rt)`` of the time in exchanges. The round trip, timed by the
-    node, includes the transfers and the node's own part, so this is an upper bound on the
-    server's load; past 1 the exchanges overlap: the nodes queue at the server or share the
-    network.
+    A node exchanges once every interval plus a round trip, so `nodes` nodes spend
+    ``nodes * rt / (interval + rt)`` of the time exchanging: an upper bound on the server's
+    load. Past 1 the exchanges overlap.
     """
     return nodes * round_trip_ms / (1e3 * sync_interval + round_trip_ms)
 
@@ -561,15 +456,7 @@ def busy_warning(
     precision: str = "fp32",
     statistics: bool = False,
 ) -> str | None:
-    """The warning for an exchange load (`exchange_load`) of `BUSY_LOAD` or more, else None.
-
-    Args:
-        nodes: nodes exchanging.
-        round_trip_ms: their mean exchange time, end to end, over the last while.
-        sync_interval: ``--sync-interval`` in seconds.
-        precision: ``--exchange-precision``.
-        statistics: ``--exchange-statistics``.
-    """
+    """The warning for an exchange load (`exchange_load`) of `BUSY_LOAD` or more, else None."""
     load = exchange_load(nodes, round_trip_ms, sync_interval)
     if load < BUSY_LOAD:
         return None
@@ -587,23 +474,16 @@ def busy_warning(
     )
 
 
-# ----------------------------------------------------------------------------------------------
 # A node: the single-machine Hogwild pool, and its exchanges
-# ----------------------------------------------------------------------------------------------
 
 
 def node_config(config: TrainConfig, index: int, place: int) -> TrainConfig:
     """The configuration of a node's pool: its workers' place in the whole run.
 
-    Env k of worker r seeds with seed + r + k*W (train.py), W*K seeds per node: the node
-    started `index`-th (0 = the head; a restart counts anew) starts at seed + index*W*K, so no
-    two envs of the run's first starts, node restarts included, share a seed (a resumed
-    sitting's and a restarted worker's draw 32-bit seeds of their own: `ProcessStart`).
-    ``--distributed-step-size`` is dealt round-robin over the workers training at once, not
-    over each node's: the node in `place` (its place among the nodes training together,
-    `pick_place`) has worker r take the size of worker place*W + r of one big pool (the list,
-    rotated by place*W), so a node that replaces a lost one takes its sizes and none goes
-    missing.
+    The node started `index`-th (0 = the head; a restart counts anew) seeds from
+    seed + index*W*K, so no two envs of the run share a seed. ``--distributed-step-size`` is
+    dealt over the workers training at once: the node in `place` (`pick_place`) takes the list
+    rotated by place*W, so a node that replaces a lost one takes its sizes.
     """
     per_node = config.workers * config.envs_per_worker
     sizes = config.distributed_step_size
@@ -616,12 +496,7 @@ def node_config(config: TrainConfig, index: int, place: int) -> TrainConfig:
 
 
 def pick_place(previous: int | None, taken: set[int]) -> int:
-    """The place of a node starting: its `previous` one when free, else the lowest free one.
-
-    Args:
-        previous: the place the node had before it was lost (None: it never ran).
-        taken: the places of the nodes training now.
-    """
+    """The place of a node starting: its `previous` one when free, else the lowest free one."""
     if previous is not None and previous not in taken:
         return previous
     return next(place for place in range(len(taken) + 1) if place not in taken)
@@ -639,24 +514,12 @@ class NodeLauncher:
         index: int,
         place: int,
     ):
-        """Build the node's shared model from the server's weights, its optimizer, its pool.
-
-        Args:
-            config: the run's configuration (``--workers`` etc. are per node).
-            spec: how its workers build their envs.
-            server: the `ParameterServer` actor.
-            node: this node's Ray id.
-            index: this node's start in the run (0 = the head), for worker seeds and ranks.
-            place: its place among the nodes training together, for the n-step sizes.
-        """
+        """Build the node's shared model from the server's weights, its optimizer, its pool."""
         import ray
 
-        # Ray unpacks this code for each node into a folder named by the package, and unpacks
-        # it again (deleting it first) whenever a node on the same machine sets up: a
-        # one-machine cluster's nodes share that folder. A process whose working directory
-        # was deleted cannot spawn (os.getcwd() fails) and its children die loading torch. Its
-        # modules come through PYTHONPATH, which names the folder by path, so the working
-        # directory moves to one no node replaces.
+        # Ray deletes and unpacks this code's folder again whenever a node on the same machine
+        # sets up, and a process whose working directory was deleted cannot spawn. The modules
+        # come through PYTHONPATH, so the working directory moves to one no node replaces.
         os.chdir(tempfile.gettempdir())
 
         from checkpoint import RunPaths
@@ -773,13 +636,8 @@ class NodeLauncher:
     def run(self) -> dict[str, Any]:
         """Train until stopped or the step budget is spent; then one last exchange.
 
-        The workers are stopped before the last exchange, so afterwards this node's weights
-        are the server's exactly (`WeightSync.exchange` with ``last``).
-
-        Returns:
-            The node's summary: id, host, workers, why it stopped, whether it failed, the
-            digest of its weights after the last exchange (`weights_digest`), the folder
-            its code was imported from, and where its workers' seeds came from.
+        The workers stop first, so this node then holds the server's weights exactly. Returns
+        the node's summary for the run record.
         """
         try:  # inside the try: a failed spawn still stops the children already started
             if not self.pool.ctx.stopping():  # told to stop before it ran: no workers to start
@@ -807,13 +665,11 @@ class NodeLauncher:
         self.pool.ctx.request_stop()
 
     def pid(self) -> int:
-        """This actor's process id (tests kill it to play a lost machine)."""
+        """This actor's process id."""
         return os.getpid()
 
 
-# ----------------------------------------------------------------------------------------------
 # The driver
-# ----------------------------------------------------------------------------------------------
 
 
 def import_ray() -> Any:
@@ -831,17 +687,13 @@ def import_ray() -> Any:
 def connect(ray: Any, address: str) -> None:
     """Join the cluster at `address` (``auto``, ``host:port``) or start one here (``local``).
 
-    The code reaches the other machines through Ray's runtime environment: this checkout,
-    less what a node does not need (`RAY_EXCLUDES`), is uploaded once and unpacked on each.
-    The job's actors run at niceness 0, as the single-machine launcher's processes do.
+    This checkout, less `RAY_EXCLUDES`, reaches the nodes through Ray's runtime environment.
     """
     runtime_env = {
         "working_dir": str(ROOT),
         "excludes": RAY_EXCLUDES,
         # Ray starts its workers at niceness 15; the node launchers' workers would inherit it
-        # and lose the CPU to the head's test process (--test-niceness 5 or 10), which then
-        # played several times as many games per frame as on one machine. At 0 they run as
-        # the single-machine launcher's do (Ray's own job supervisor sets the same).
+        # and lose the CPU to the head's test process. At 0 they run as on one machine.
         "env_vars": {"RAY_worker_niceness": "0"},
     }
     where = None if "://" in address else host_port(address)  # ray:// is Ray's client
@@ -965,13 +817,10 @@ def pinned(node_id: str) -> Any:
 class ClusterRun:
     """The driver's side of a cluster run: actors, weights for the test process, node losses.
 
-    A node whose launcher is lost (its actor died, or its machine) is named in the log and the
-    run goes on with the others. Every `ADOPT_SECONDS` (at once when none is left) the driver
-    starts a launcher on each alive node that has none, up to ``--nodes`` (0: every alive
-    node): a node whose launcher died while the machine lives is restarted (`RESTART_SECONDS`
-    after the loss), and a machine that comes back (Ray gives it a new node id) or joins
-    later is taken on. At most `MAX_STARTS` launchers per node id; a node whose launcher
-    failed (a fatal error, or more worker restarts than allowed) is not restarted.
+    A lost launcher is logged and the run goes on. Every `ADOPT_SECONDS` the driver starts a
+    launcher on each alive node without one, up to ``--nodes``: a restart (`RESTART_SECONDS`
+    after the loss), a machine back or a new one. At most `MAX_STARTS` per node id, and no
+    restart after a launcher failed.
     """
 
     def __init__(
@@ -982,15 +831,7 @@ class ClusterRun:
         log: logging.Logger,
         nodes: list[dict[str, Any]],
     ):
-        """Start the parameter server and one node launcher per chosen node.
-
-        Args:
-            ray: the imported, connected Ray module.
-            config: the run's configuration.
-            launcher: the driver's `launcher.Launcher` (without workers).
-            log: where node events go.
-            nodes: the nodes to start on (`pick_nodes`), the head first.
-        """
+        """Start the parameter server and one node launcher per chosen node, the head first."""
         self.ray = ray
         self.config = config
         self.launcher = launcher
@@ -1080,8 +921,7 @@ class ClusterRun:
     def pull(self) -> tuple[int, float]:
         """The server's weights into the driver's model (the test process plays them).
 
-        Returns:
-            the nodes' exchanges timed since the last pull and their total milliseconds.
+        Returns the nodes' exchanges timed since the last pull and their total milliseconds.
         """
         pulled = self.ray.get(self.server.pull.remote(), timeout=SERVER_SECONDS)
         set_flat(self.launcher.shared_model, pulled["weights"])
@@ -1115,12 +955,7 @@ class ClusterRun:
             self.next_busy_warning = now + BUSY_WARNING_SECONDS
 
     def poll(self) -> None:
-        """Every supervision round: nodes that ended or died, new launchers, weights.
-
-        Notes the launchers that ended or were lost; pulls the weights when due (and at once
-        when none is left); every `ADOPT_SECONDS` (and at once when none is left) starts
-        launchers on alive nodes without one (`_adopt`).
-        """
+        """Every supervision round: nodes that ended or died, new launchers, weights."""
         done = []
         if self.runs:
             done, _ = self.ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
@@ -1138,10 +973,8 @@ class ClusterRun:
                 self.launcher.failed = True
                 self.launcher.ctx.request_stop()
             self.next_pull = time.monotonic() + self.config.sync_interval
-        # After a loss, wait for the next round unless no launcher is left: Ray may list a
-        # dying machine as alive for some seconds, and a start there would fail. With none
-        # left (the last one lost, failed or finished), look at once: a node still waiting
-        # its restart starts now rather than the run ending without it.
+        # After a loss, wait for the next round (Ray may list a dying machine as alive), unless
+        # no launcher is left: then a node still waiting its restart starts now.
         if not self.launcher.ctx.stopping() and (
             time.monotonic() >= self.next_adopt or not self.runs
         ):
@@ -1173,9 +1006,8 @@ class ClusterRun:
             result = self.finished[node_id] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
             lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
-            # A launcher that raised, in run() or while starting (a machine short of the
-            # --gpu-ids, say): its traceback's last line names the exception (the first is
-            # Ray's "ray::NodeLauncher.run() (pid=...)"); else Ray's own reason.
+            # A launcher that raised (in run() or while starting): its traceback's last line
+            # names the exception; else Ray's own reason comes first.
             refused = bool(getattr(err, "actor_init_failed", False))
             task_error = refused or isinstance(err, self.ray.exceptions.RayTaskError)
             cause = (lines[-1] if task_error else lines[0]).strip()[:300]
@@ -1265,10 +1097,8 @@ class ClusterRun:
 def signals_noted(ray: Any) -> Iterator[list[int]]:
     """Inside, SIGINT and SIGTERM are noted in the list yielded, not acted on.
 
-    For Ray's start-up: ``ray.init`` swallows a SIGINT (the run then trained to its end), and
-    answers a SIGTERM with an immediate exit that leaves a local instance's agents running;
-    it is kept from setting that handler here (the run's own take over after). A second
-    signal raises KeyboardInterrupt: a slow or hung start-up can still be stopped.
+    ``ray.init`` swallows a SIGINT, and its SIGTERM handler exits leaving a local instance's
+    agents running, so it may not set one here. A second signal raises KeyboardInterrupt.
     """
     noted: list[int] = []
 

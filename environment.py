@@ -32,9 +32,8 @@ FRAME_SIZE = 80
 StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
 
 FrameSkip = int | tuple[int, int]
-"""Raw frames per agent step on NoFrameskip ids: a fixed count (``--skip-rate``), or
-``(low, high)``, a count drawn uniformly from low..high (both included) at every step, as the
-original's ``-v0`` ids do (``--skip-rate-min 2 --skip-rate 4``)."""
+"""Raw frames per agent step on NoFrameskip ids: a fixed count, or ``(low, high)``, drawn from
+low..high (both included) at every step, as the original's ``-v0`` ids do."""
 
 
 def skip_bounds(skip: FrameSkip) -> tuple[int, int]:
@@ -55,32 +54,19 @@ def skip_text(skip: FrameSkip) -> str:
     return str(high) if low == high else f"{low}-{high}"
 
 
-# ----------------------------------------------------------------------------------------------
 # config.json: per-game crop settings
-# ----------------------------------------------------------------------------------------------
 
 
 CONFIG_KEYS = ("crop1", "crop2")
-"""Fields every `config.json` entry must hold (rows crop1:crop2+160 are kept). The original's
-entries also hold ``dimension2``, which nothing reads (the frame is always resized to 80x80);
-it is allowed and ignored."""
+"""Fields every `config.json` entry must hold (rows crop1:crop2+160 are kept); others are unread."""
 
 
 DEFAULT_CONFIG = "config.json"
-"""`--env-config`'s default. Where the current folder holds no such file (the scripts run
-from another folder), the one shipped beside this module is read instead."""
+"""`--env-config`'s default: that file in the current folder, else the one beside this module."""
 
 
 def read_config(path: str | Path) -> dict[str, dict[str, int]]:
-    """Read and validate the per-game crop settings.
-
-    Args:
-        path: the JSON file (`DEFAULT_CONFIG` by default on the command line: that name in the
-            current folder, else the shipped file beside this module).
-
-    Returns:
-        A mapping from a game-name fragment (e.g. ``"Pong"``) to its
-        ``{"crop1", "crop2"}`` settings. It always has a ``"Default"`` entry.
+    """Read and validate the per-game crop settings: game-name fragment -> entry, with "Default".
 
     Raises:
         UsageError: the file is missing, is not JSON, or an entry is malformed.
@@ -133,7 +119,7 @@ def read_config(path: str | Path) -> dict[str, dict[str, int]]:
                     f"got {value!r}"
                 )
         # Rows past the 210-row screen are clipped (the original's VideoPinball entry ends at
-        # row 220), so only an empty or negative crop is an error.
+        # row 220), so only an empty crop is an error.
         if not 0 <= entry["crop1"] < min(entry["crop2"] + 160, 210):
             raise UsageError(
                 f"env config {str(path)!r}: entry {name!r} keeps rows "
@@ -157,10 +143,7 @@ def env_config(config: dict[str, dict[str, int]], env_id: str) -> dict[str, int]
 
 
 def crop_settings(path: str | Path, env_id: str) -> dict[str, int]:
-    """`env_id`'s entry of the `config.json` at `path` (`read_config`, `env_config`).
-
-    Read for ALE games only: other envs crop nothing, so a missing or unrelated
-    ``config.json`` in the current folder does not stop a CartPole run.
+    """`env_id`'s entry of the `config.json` at `path`; read for ALE games only.
 
     Raises:
         UsageError: an unknown env id; for an ALE game, a config `read_config` refuses.
@@ -171,10 +154,7 @@ def crop_settings(path: str | Path, env_id: str) -> dict[str, int]:
 
 
 def register_games() -> None:
-    """Register the ALE games with gymnasium (idempotent; needed once per process).
-
-    Also silences ALE's start-up banner, which every worker would otherwise print.
-    """
+    """Register the ALE games with gymnasium (once per process) and silence ALE's banner."""
     import ale_py
 
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
@@ -208,10 +188,7 @@ def is_atari(env_id: str) -> bool:
 def sticky_probability(env_id: str, requested: float | None = None) -> float:
     """The probability that ALE repeats the previous action instead of the agent's (sticky actions).
 
-    Args:
-        env_id: a registered ALE id.
-        requested: ``--repeat-action-probability``; None keeps the id's own (0 for
-            ``*NoFrameskip-v4``, 0.25 for ``ALE/*-v5`` and the old ``-v0`` ids).
+    `requested` None keeps the id's own: 0 for ``*NoFrameskip-v4``, 0.25 for ``ALE/*-v5``.
     """
     if requested is not None:
         return requested
@@ -227,20 +204,9 @@ def protocol(
 ) -> dict[str, Any]:
     """How games are played, for every result that gives a score: the evaluation protocol.
 
-    Scores on one game differ a lot between protocols (a deterministic emulator against sticky
-    actions, one frame against the max over the skip window), so a number means something only
-    with these beside it.
-
-    Returns:
-        ``env``; ``repeat_action_probability`` (sticky actions); ``frame_skip`` (raw frames per
-        agent step: ours with ``--skip-rate`` on NoFrameskip ids, ALE's otherwise, a
-        ``[low, high]`` range for a random skip, ours with ``--skip-rate-min`` or the old
-        ``-v0`` ids'); ``max_pool_frames`` (whether the
-        observation is the max over the last frames of the window); ``noop_starts`` (most
-        random no-ops after a reset, 0 = none); ``episode_cap_steps`` (agent steps before a game
-        is cut). Outside Atari: ``env`` and ``episode_cap_steps`` only. With ``--stall-steps``,
-        also ``stall_steps`` (agent steps without a reward after which a game is cut: it
-        changes scores, so a result shows it).
+    Scores on one game differ a lot between protocols, so a number means something only with
+    these beside it. ``frame_skip`` is ``[low, high]`` for a random skip; outside Atari only
+    ``env`` and ``episode_cap_steps`` are given.
     """
     spec = lookup_spec(env_id)
     stall = {"stall_steps": stall_steps} if stall_steps else {}
@@ -270,9 +236,8 @@ def protocol(
 def short_episode_warning(played: dict[str, Any]) -> str | None:
     """What to warn where a `protocol`'s episode cap can cut games before the agent acts.
 
-    The cap is in raw frames (``--max-episode-length`` times the skip), and the reset's random
-    no-op frames and its FIRE steps count toward it, as in the original: a cap shrunk for a
-    quick try can leave a game no agent step. None otherwise.
+    The cap is in raw frames, and the reset's no-ops and FIRE steps count toward it, as in the
+    original. None otherwise.
     """
     noops = played.get("noop_starts", 0)
     if not noops:
@@ -293,10 +258,8 @@ def short_episode_warning(played: dict[str, Any]) -> str | None:
 def episode_frames(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -> tuple[int, int]:
     """The most raw frames an episode of `env_id` can take, and the most one agent step takes.
 
-    ALE takes the cap in raw frames: ``--max-episode-length`` times the most frames one agent
-    step takes (``--skip-rate`` on NoFrameskip ids, the top of a random skip's range included;
-    the id's own skip otherwise, the top of the range for the old random-skip ids). (0, 1)
-    outside Atari.
+    ALE takes the cap in raw frames: ``--max-episode-length`` times the top of the skip's
+    range. (0, 1) outside Atari.
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
@@ -310,10 +273,7 @@ def episode_frames(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -
 
 
 def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
-    """The skip a run record's or training state's ``config`` played (`default` if unsaid).
-
-    Configurations saved before ``--skip-rate-min`` existed have no such key: a fixed skip.
-    """
+    """The skip a run record's or training state's ``config`` played (`default` if unsaid)."""
     return skip_from_flags(saved.get("skip_rate", default), saved.get("skip_rate_min"))
 
 
@@ -326,9 +286,7 @@ def skip_flags(skip: FrameSkip) -> str:
 def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
     """Raw emulator frames behind one agent step, on average (1 outside Atari).
 
-    ``*NoFrameskip*`` ids: ``--skip-rate``, or the middle of a random skip's range (3 for
-    2-4); ids where ALE skips itself: ALE's frameskip (3, the mean, for the old ids that skip
-    a random 2-4 frames). Frame counts of random-skip runs are steps times this mean.
+    A random skip gives the middle of its range (3 for 2-4, and for the old ``-v0`` ids).
     """
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
@@ -340,17 +298,11 @@ def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
     return ale_skip if isinstance(ale_skip, int) else 3
 
 
-# ----------------------------------------------------------------------------------------------
 # Atari wrappers, innermost first
-# ----------------------------------------------------------------------------------------------
 
 
 class NoopResetEnv(gym.Wrapper):
-    """After each reset, play a random number (1..noop_max) of no-ops.
-
-    Starts each game from a slightly different state, so a deterministic emulator does not
-    give the agent the same opening every time.
-    """
+    """After each reset, play 1..noop_max no-ops, so a deterministic game opens differently."""
 
     def __init__(self, env: gym.Env, noop_max: int = NOOP_MAX):
         super().__init__(env)
@@ -373,10 +325,8 @@ class NoopResetEnv(gym.Wrapper):
 class MaxAndSkipEnv(gym.Wrapper):
     """Repeat each action `skip` times, sum the rewards, max-pool the last frames.
 
-    Atari sprites flicker (some are drawn every other frame); the element-wise max of the
-    last (up to) 3 raw frames of the window shows everything on screen. A random skip
-    ``(low, high)`` draws each step's count from low..high with the game's own generator
-    (seeded by ``reset(seed=...)``), as ALE does for the original's ``-v0`` ids.
+    Atari sprites flicker; the max of the window's last 3 raw frames shows them all. A random
+    skip ``(low, high)`` draws each step's count with the game's own seeded generator.
     """
 
     def __init__(self, env: gym.Env, skip: FrameSkip = 4):
@@ -407,7 +357,7 @@ class MaxAndSkipEnv(gym.Wrapper):
         return self._max_frame(), total_reward, terminated, truncated, info
 
     def _max_frame(self) -> np.ndarray:
-        """The element-wise max of the frames kept (np.stack then max took 41 us, this 13)."""
+        """The element-wise max of the frames kept, in place (faster than np.stack then max)."""
         frames = iter(self._frames)
         frame = next(frames)
         if len(self._frames) == 1:
@@ -421,9 +371,8 @@ class MaxAndSkipEnv(gym.Wrapper):
 class EpisodicLifeEnv(gym.Wrapper):
     """Losing a life ends the training episode; the game itself resets only at game over.
 
-    Value bootstrapping then treats a life loss as terminal, which helps learning. The real
-    game-over state is kept in `was_real_done` (reach it with
-    ``env.get_wrapper_attr("was_real_done")`` or `was_real_done(env)`).
+    Bootstrapping then treats a life loss as terminal, which helps learning. The real game
+    over is in `was_real_done` (reach it with `was_real_done(env)`).
     """
 
     def __init__(self, env: gym.Env):
@@ -462,10 +411,8 @@ class EpisodicLifeEnv(gym.Wrapper):
 class GameScore(gym.Wrapper):
     """Adds up each game's raw reward over all its lives and keeps the finished games.
 
-    Below `EpisodicLifeEnv` it sees every step of a game (a lost life's no-op too) and only
-    the real resets: a game ends when the emulator or the time limit ends it. A game a real
-    reset cuts short (`force_real_reset`) is not kept. Training workers send the finished
-    games to the launcher (`finished_games`): the sampled policy's whole, unclipped scores.
+    Below `EpisodicLifeEnv` it sees every step of a game and only the real resets. A game a
+    real reset cuts short is not kept. Workers send the finished games on (`finished_games`).
     """
 
     def __init__(self, env: gym.Env):
@@ -516,17 +463,9 @@ class FireResetEnv(gym.Wrapper):
 
 
 def process_frame(frame: np.ndarray, conf: dict[str, int]) -> np.ndarray:
-    """Crop, shrink and gray one RGB Atari frame.
+    """Crop, shrink and gray one RGB Atari frame to a (1, 80, 80) float32 array in [0, 255].
 
-    Keeps rows ``crop1 : crop2 + 160`` and the first 160 columns, resizes to 80x80 with
-    area averaging, then takes ``0.2989 R + 0.587 G + 0.114 B``.
-
-    Args:
-        frame: (210, 160, 3) uint8 RGB screen.
-        conf: the game's `config.json` entry.
-
-    Returns:
-        float32 array of shape (1, 80, 80), values in [0, 255].
+    Keeps rows ``crop1 : crop2 + 160`` and the first 160 columns, with area averaging.
     """
     frame = frame[conf["crop1"] : conf["crop2"] + 160, :160]
     small = cv2.resize(frame, (FRAME_SIZE, FRAME_SIZE), interpolation=cv2.INTER_AREA)
@@ -551,8 +490,7 @@ class AtariRescale(gym.ObservationWrapper):
 class NormalizedEnv(gym.ObservationWrapper):
     """Standardise frames with running averages of each frame's mean and std.
 
-    Exponential averages with weight ``alpha`` per frame, bias-corrected by
-    ``1 - alpha**t`` as in Adam, so the first frames are not shrunk towards zero.
+    The averages are bias-corrected by ``1 - alpha**t`` as in Adam.
     """
 
     def __init__(self, env: gym.Env, alpha: float = 0.9999):
@@ -592,9 +530,7 @@ class NormalizedEnv(gym.ObservationWrapper):
         self.num_steps = int(state["num_steps"])
 
 
-# ----------------------------------------------------------------------------------------------
 # Builders
-# ----------------------------------------------------------------------------------------------
 
 
 def atari_env(
@@ -607,26 +543,10 @@ def atari_env(
 ) -> gym.Env:
     """Build an ALE game with the original A3G wrapper stack.
 
-    For ``*NoFrameskip*`` ids (ALE frameskip 1): time limit of
-    ``max_episode_length * skip_rate`` raw frames (the top of a random skip's range), no-op
-    reset, max-and-skip (a random skip adds a time limit of ``max_episode_length`` agent
-    steps after it), game score, episodic life, fire reset (games with FIRE), rescale,
-    normalise. For ids where ALE skips frames itself (``ALE/*-v5``) the first three are
-    replaced by a time limit of ``max_episode_length`` agent steps, so frames are never
-    skipped twice.
-
-    Args:
-        env_id: a registered ALE id such as ``PongNoFrameskip-v4`` or ``ALE/Pong-v5``.
-        env_conf: the game's `config.json` entry (see `env_config`).
-        max_episode_length: agent steps before an episode is cut.
-        skip_rate: raw frames per agent step on ``NoFrameskip`` ids, or ``(low, high)`` for
-            a count drawn from low..high at each step (`FrameSkip`).
-        render_mode: passed to ``gymnasium.make`` (``"rgb_array"`` to record, ``"human"``).
-        repeat_action_probability: sticky actions, passed to ALE: the chance that each raw
-            frame repeats the previous action instead of the agent's. None keeps the id's own
-            (0 for ``NoFrameskip-v4``, 0.25 for ``ALE/*-v5``).
-
-    The limits and the probability are taken as `validate` passed them.
+    For ``*NoFrameskip*`` ids: a raw-frame time limit, no-op reset, max-and-skip, game score,
+    episodic life, fire reset, rescale, normalise. Where ALE skips frames itself
+    (``ALE/*-v5``) an agent-step time limit replaces the first three. The arguments are taken
+    as `validate` passed them.
 
     Raises:
         UsageError: unknown or non-Atari id, or a non-RGB observation id.
@@ -670,11 +590,7 @@ def atari_env(
 
 
 def vector_episode_cap(spec: RegisteredSpec, max_episode_length: int) -> int:
-    """Agent steps before a non-Atari game is cut.
-
-    `max_episode_length` only shortens the env's registered time limit (CartPole's 500 stays
-    under the default 10,000).
-    """
+    """Agent steps before a non-Atari game is cut: `max_episode_length` only shortens its own."""
     own = spec.max_episode_steps
     return max_episode_length if own is None else min(own, max_episode_length)
 
@@ -687,9 +603,7 @@ def vector_env(
 ) -> gym.Env:
     """Build a gymnasium env with flat vector observations and discrete actions.
 
-    No image wrappers. The env's registered time limit stays; `max_episode_length` only
-    shortens it. With `vector_obs_norm` observations are standardised per feature by running
-    statistics.
+    With `vector_obs_norm` observations are standardised per feature by running statistics.
 
     Raises:
         UsageError: unknown id, an Atari id, or spaces A3G cannot use.
@@ -726,14 +640,8 @@ def vector_env(
 class EnvSpec:
     """How every env of a run is built: made once from the configuration, given to each process.
 
-    Attributes:
-        env_id: any registered id.
-        crop: the game's `config.json` entry (`crop_settings`; empty outside Atari).
-        max_episode_length: agent steps before an episode is cut.
-        skip_rate: raw frames per agent step on ``NoFrameskip`` ids (`FrameSkip`).
-        vector_obs_norm: standardise vector observations (Atari frames are always normalised).
-        repeat_action_probability: sticky actions on ALE games (see `atari_env`); None keeps
-            the id's own.
+    `crop` is the game's `config.json` entry (empty outside Atari); a None
+    `repeat_action_probability` keeps the id's own.
     """
 
     env_id: str
@@ -754,10 +662,6 @@ class EnvSpec:
 
 def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     """Build `spec`'s env: the Atari stack for ALE games, `vector_env` otherwise.
-
-    Args:
-        spec: what to build.
-        render_mode: passed to ``gymnasium.make`` (gym_eval.py's videos and window).
 
     Raises:
         UsageError: see `atari_env` and `vector_env`.
@@ -795,9 +699,8 @@ def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
 def normalizer_state(env: gym.Env) -> dict[str, Any] | None:
     """The running statistics of the env's observation normaliser (None if it has none).
 
-    Covers `NormalizedEnv` (Atari frames) and gymnasium's ``NormalizeObservation`` (vector
-    envs with ``--vector-obs-norm``); plain numbers and lists only, so a training-state file
-    holding them loads with ``weights_only=True``.
+    Plain numbers and lists only, so a training-state file holding them loads with
+    ``weights_only=True``.
     """
     norm = find_normalizer(env)
     if norm is not None:
@@ -837,8 +740,7 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
 def worker_normalizer_state(envs: list[gym.Env]) -> dict[str, Any] | None:
     """A worker's normaliser statistics: `normalizer_state` of its one env, or of each of K.
 
-    One env gives the single-env format (as before ``--envs-per-worker``); K envs give
-    ``{"kind": "per_env", "envs": [...]}``.
+    K envs give ``{"kind": "per_env", "envs": [...]}``.
     """
     if len(envs) == 1:
         return normalizer_state(envs[0])
@@ -848,8 +750,7 @@ def worker_normalizer_state(envs: list[gym.Env]) -> dict[str, Any] | None:
 def load_worker_normalizer_state(envs: list[gym.Env], state: dict[str, Any] | None) -> None:
     """Continue a worker's envs from `worker_normalizer_state` output.
 
-    A per-env state gives env k its own statistics (envs beyond those saved start fresh); a
-    single-env state (a run with one env per worker, resumed with more) goes to every env.
+    A per-env state gives env k its own statistics; a single-env state goes to every env.
     """
     if not state:
         return

@@ -1,21 +1,13 @@
 """The fast path of a worker's rollout: act without autograd, then backpropagate it at once.
 
-The reference path (the original's) runs every step's forward with autograd and keeps 20
-graphs alive until the loss. The fast path computes the same losses and gradients (tested
-against it) in three moves, each timed by `benchmarks/bench_step.py` and
-`benchmarks/bench_networks.py` ([performance](docs/performance.md)):
+It gives the reference path's losses and gradients (tested against it) in three moves
+([performance](docs/performance.md)):
 
-1. Act without autograd, with the conv weights in channels_last (`A3Clstm.use_channels_last`),
-   the faster layout for a batch-1 forward on a CPU.
-2. Record instead of recompute: while acting, `encode_recorded` writes each conv layer's ReLU
-   output and max-pool indices into an `EncoderTape`; the rollout's backward
-   (`replay_features`) applies PyTorch's own ReLU and convolution backward kernels to the
-   recorded activations, batched over the rollout. The conv stack never runs a second time.
-3. Fused LSTM over the rollout (`sequence_from_features`): the recorded features go through
-   PyTorch's fused LSTM sequence op with the LSTMCell's own weights, so the LSTM weight
-   gradients are formed once per rollout instead of once per step.
-
-`model.py` is the network alone and does not import this module.
+1. Act without autograd, with the conv weights in channels_last.
+2. Record instead of recompute: `encode_recorded` keeps each conv layer's ReLU output and
+   max-pool indices on an `EncoderTape`; `replay_features` backpropagates them, batched.
+3. Run the rollout's LSTM as one fused sequence op (`sequence_from_features`), so each LSTM
+   weight gradient is formed once per rollout.
 """
 
 from __future__ import annotations
@@ -27,9 +19,8 @@ from torch import nn
 
 from model import A3Clstm, ActorCriticLSTM
 
-# On a GPU, `sequence_from_features` hands cuDNN the LSTM cell's four separate weight tensors,
-# which cuDNN packs into one buffer every call (12.6 MB at hidden size 512: microseconds on a
-# GPU) and warns once per process that it does; the warning names nothing a user can change.
+# cuDNN warns that it packs the LSTM cell's separate weights (`sequence_from_features`) into
+# one buffer; the warning names nothing a user can change.
 warnings.filterwarnings(
     "ignore",
     message="RNN module weights are not part of single contiguous chunk",
@@ -40,12 +31,10 @@ warnings.filterwarnings(
 class EncoderTape:
     """What a network's encoder computed while acting without autograd, one row per step.
 
-    For `A3Clstm`, `encode_recorded` keeps every conv layer's input, its max-pool indices and
-    its ReLU output, so the backward of a rollout needs no second forward through the conv
-    stack (see `replay_features`). Other networks record the observations alone and re-encode.
-    Each named tensor lives in a buffer that is kept across rollouts and grows by doubling;
-    layers write their outputs straight into the current row, so recording allocates nothing.
-    Call `clear` after the backward: the next rollout overwrites the rows.
+    For `A3Clstm` it keeps every conv layer's input, pool indices and ReLU output, so the
+    backward needs no second conv forward; other networks keep the observations. Buffers last
+    across rollouts and grow by doubling, so recording allocates nothing. Call `clear` after
+    the backward.
     """
 
     def __init__(self) -> None:
@@ -62,9 +51,8 @@ class EncoderTape:
     ) -> torch.Tensor:
         """The current step's rows of buffer `key`, a tensor of `shape` to write into.
 
-        A step holds ``shape[0]`` rows (one per env the worker acts for; the same every step
-        of a rollout), so `get` returns them step-major: step t, env k is row ``t * K + k``.
-        The buffer takes the device, dtype (unless given) and memory layout of `like`.
+        Step t, env k is row ``t * K + k``. The buffer takes `like`'s device, dtype (unless
+        given) and memory layout.
         """
         batch = shape[0]
         if self.length and batch != self.batch:
@@ -111,10 +99,7 @@ def encode_recorded(
 ) -> torch.Tensor:
     """`model.encode` without autograd, keeping on `tape` what `replay_features` needs.
 
-    `A3Clstm` keeps each conv layer's pool indices and ReLU output (written straight into the
-    tape's rows: no allocation per step); other networks keep the observation. With `bf16` the
-    encoder runs under bfloat16 autocast and records in bfloat16; the features come back as
-    float32 either way.
+    With `bf16` the encoder runs and records in bfloat16; the features come back float32.
     """
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         if not isinstance(model, A3Clstm):
@@ -146,14 +131,7 @@ def act_recorded(
     tape: EncoderTape,
     bf16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One step of ``model(x, hx, cx)`` without autograd, recording the encoder on `tape`.
-
-    `x` holds one observation per env the worker acts for (batch K); the LSTM and heads run
-    in float32, the encoder in bfloat16 with `bf16`.
-
-    Raises:
-        RuntimeError: called with autograd on (recording replaces the autograd graph).
-    """
+    """One step of ``model(x, hx, cx)`` without autograd, recording the encoder on `tape`."""
     if torch.is_grad_enabled():
         raise RuntimeError("recording on an EncoderTape needs torch.no_grad()")
     return model.forward_features(encode_recorded(model, x, tape, bf16), hx, cx)
@@ -162,12 +140,8 @@ def act_recorded(
 def replay_features(model: ActorCriticLSTM, tape: EncoderTape, bf16: bool = False) -> torch.Tensor:
     """The features of every recorded step, shape (T * K, features), step-major, with autograd.
 
-    For `A3Clstm`, backward applies PyTorch's own backward kernels (ReLU, max-pool,
-    convolution) to the recorded activations, batched over the rollout: the gradients autograd
-    would give for `encode` of the same observations, without running the conv stack again.
-    A tape recorded in bfloat16 is
-    backpropagated in bfloat16 (the weight gradients come back float32). Other networks
-    encode the recorded observations again, as one batch (under bfloat16 autocast with `bf16`).
+    For `A3Clstm`, backward applies PyTorch's own ReLU, max-pool and convolution backward
+    kernels to the recorded activations, in the tape's dtype. Other networks encode again.
     """
     if not len(tape):
         raise RuntimeError("replay_features() needs steps recorded by encode_recorded()")
@@ -184,18 +158,9 @@ def sequence_from_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """T steps of the LSTM and heads for K envs at once: what T `forward_features` calls give.
 
-    The LSTM runs as PyTorch's fused sequence op with the cell's own weights (same gate
-    order), so backward forms each LSTM weight gradient once for the whole sequence.
-
-    Args:
-        model: the network.
-        features: encoder features, shape (T * K, features), step-major (step t, env k is
-            row ``t * K + k``, as `EncoderTape.get` gives them).
-        hx: LSTM hidden state before the first step, shape (K, hidden_size).
-        cx: LSTM cell state before the first step, shape (K, hidden_size).
-
-    Returns:
-        ``(values, logits)`` with shapes (T * K, 1) and (T * K, n_actions), step-major.
+    The LSTM runs as PyTorch's fused sequence op with the cell's own weights, so backward
+    forms each LSTM weight gradient once. `features` and the ``(values, logits)`` returned are
+    step-major, as `EncoderTape.get` gives them.
     """
     lstm: nn.LSTMCell = model.lstm
     weights = [lstm.weight_ih, lstm.weight_hh, lstm.bias_ih, lstm.bias_hh]
@@ -212,9 +177,8 @@ def sequence_from_features(
 def max_unpool(grad: torch.Tensor, indices: torch.Tensor, size: torch.Size) -> torch.Tensor:
     """Backward of a non-overlapping max-pool: each gradient goes to its max's position.
 
-    Bit for bit what ``max_pool2d_with_indices_backward`` gives when windows do not overlap,
-    without the pool's input (which the tape does not keep). Works in channels_last: the
-    result is a channels_last (N, C, H, W) tensor of `size`.
+    Bit for bit ``max_pool2d_with_indices_backward``'s result, without the pool's input (which
+    the tape does not keep). Returns a channels_last (N, C, H, W) tensor of `size`.
     """
     n, c, h, w = size
     grad_in = grad.new_zeros((n, h, w, c))
@@ -240,8 +204,7 @@ class _ReplayConvStack(torch.autograd.Function):
         last = tape.get(f"relu{len(model.convs()) - 1}")
         grad = grad.reshape(last.shape)
         total: list[torch.Tensor] | None = None
-        # Rows in chunks: K envs' rollouts are hundreds of frames, whose activations (65 MB
-        # for 320 frames' first layer) fall out of the caches when done as one batch.
+        # Rows in chunks that stay in the caches: see `BACKWARD_CHUNK`.
         chunk = backward_chunk(grad.device)
         for start in range(0, last.shape[0], chunk):
             rows = slice(start, start + chunk)
@@ -252,14 +215,11 @@ class _ReplayConvStack(torch.autograd.Function):
 
 
 BACKWARD_CHUNK = 40
-"""Frames per conv-stack backward call (`_ReplayConvStack`) on the CPU; a 20-step rollout of
-one env is one call. Chunks of 20-40 frames keep the activations in a core's caches, faster
-per frame than larger batches (`benchmarks/bench_conv_layers.py`)."""
+"""Frames per conv-stack backward call on the CPU: chunks of 20-40 frames keep the activations
+in a core's caches (`benchmarks/bench_conv_layers.py`)."""
 
 GPU_BACKWARD_CHUNK = 1 << 20
-"""On a GPU the whole rollout goes in one call: the CPU's reason for chunks (activations
-falling out of a core's caches) does not apply, and each call is a few kernel launches that
-a bigger batch amortises (not timed against chunks on a GPU)."""
+"""On a GPU the whole rollout goes in one call, whose kernel launches a bigger batch amortises."""
 
 
 def backward_chunk(device: torch.device) -> int:
@@ -270,14 +230,7 @@ def backward_chunk(device: torch.device) -> int:
 def _conv_stack_backward(
     model: A3Clstm, tape: EncoderTape, grad: torch.Tensor, rows: slice
 ) -> list[torch.Tensor]:
-    """The conv stack's weight and bias gradients (conv1 first) for the tape's `rows`.
-
-    Args:
-        model: the network.
-        tape: the recorded activations.
-        grad: the gradient of the last layer's output for those rows.
-        rows: which of the tape's rows.
-    """
+    """The conv stack's weight and bias gradients (conv1 first) for the tape's `rows`."""
     convs = model.convs()
     grads: list[torch.Tensor] = []
     dtype = tape.get("relu0").dtype  # bfloat16 when recorded under autocast

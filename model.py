@@ -15,16 +15,11 @@ HIDDEN_SIZE = 512
 """The LSTM's width by default (the original's)."""
 
 
-# ----------------------------------------------------------------------------------------------
 # Weight initialisation (the original's)
-# ----------------------------------------------------------------------------------------------
 
 
 def norm_col_init(weights: torch.Tensor, std: float = 1.0) -> torch.Tensor:
-    """Draw a normal matrix shaped like `weights` and rescale each output row to norm `std`.
-
-    Used for the actor (0.01: a near-uniform first policy) and critic (1.0) heads.
-    """
+    """Draw a normal matrix shaped like `weights` and rescale each output row to norm `std`."""
     x = torch.randn(weights.size())
     x *= std / torch.sqrt((x**2).sum(1, keepdim=True))
     return x
@@ -33,8 +28,7 @@ def norm_col_init(weights: torch.Tensor, std: float = 1.0) -> torch.Tensor:
 def init_lstm(lstm: nn.LSTMCell) -> None:
     """Xavier-uniform input weights, orthogonal recurrent weights, forget-gate bias 1.
 
-    A forget bias of 1 keeps the cell state flowing at the start of training, before the
-    gate has learnt anything.
+    A forget bias of 1 keeps the cell state flowing before the gate has learnt anything.
     """
     hidden = lstm.hidden_size
     with torch.no_grad():
@@ -45,9 +39,7 @@ def init_lstm(lstm: nn.LSTMCell) -> None:
         lstm.bias_ih[hidden : 2 * hidden] = 1.0
 
 
-# ----------------------------------------------------------------------------------------------
 # Networks
-# ----------------------------------------------------------------------------------------------
 
 
 class ActorCriticLSTM(nn.Module):
@@ -78,17 +70,12 @@ class ActorCriticLSTM(nn.Module):
     def channels_last_suits(device: torch.device, bf16: bool = False) -> bool:
         """Whether `use_channels_last` pays on `device`.
 
-        The CPU: yes (a faster batch-1 forward, fp32 and bf16: docs/performance.md). A GPU:
-        only under bf16, whose tensor-core convolutions want channels last (NVIDIA's layout
-        guidance); fp32 stays in cuDNN's default layout.
+        Always on the CPU (docs/performance.md); on a GPU only under bf16, for tensor cores.
         """
         return device.type == "cpu" or bf16
 
     def use_channels_last(self) -> ActorCriticLSTM:
-        """Lay conv weights out as channels_last where the encoder has any (`A3Clstm`).
-
-        A flat-vector encoder has no conv layout to change: this returns the model as it is.
-        """
+        """Lay conv weights out as channels_last where the encoder has any (`A3Clstm`)."""
         return self
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,16 +85,7 @@ class ActorCriticLSTM(nn.Module):
     def forward(
         self, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step of the network.
-
-        Args:
-            x: observations, shape (batch, *observation_shape).
-            hx: LSTM hidden state, shape (batch, hidden_size).
-            cx: LSTM cell state, shape (batch, hidden_size).
-
-        Returns:
-            ``(value, logits, hx, cx)`` with value (batch, 1) and logits (batch, n_actions).
-        """
+        """One step: ``(value, logits, hx, cx)``, value (batch, 1), logits (batch, n_actions)."""
         return self.forward_features(self.encode(x), hx, cx)
 
     def forward_features(
@@ -128,21 +106,14 @@ class ActorCriticLSTM(nn.Module):
 class A3Clstm(ActorCriticLSTM):
     """The original A3G network for 1x80x80 frames.
 
-    Four conv layers, each followed by 2x2 max-pool then ReLU (80->40->19->9->4), flattened to
-    1024 features, an LSTMCell, and linear critic and actor heads. Parameter names match the
-    original's, so ``.dat`` checkpoints move between the two projects.
+    Four conv + 2x2 max-pool + ReLU layers (80->40->19->9->4) give 1024 features. Parameter
+    names match the original's, so ``.dat`` checkpoints move between the two projects.
     """
 
     def __init__(
         self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = HIDDEN_SIZE
     ):
-        """Build and initialise the network.
-
-        Args:
-            num_inputs: input channels (1 for the preprocessed frames).
-            action_space: the env's discrete action space; sets the actor's outputs.
-            hidden_size: LSTM hidden size.
-        """
+        """Build and initialise the network for `num_inputs` channels."""
         super().__init__()
         self.conv1 = nn.Conv2d(num_inputs, 32, 5, stride=1, padding=2)
         self.conv2 = nn.Conv2d(32, 32, 5, stride=1, padding=1)
@@ -160,8 +131,7 @@ class A3Clstm(ActorCriticLSTM):
     def use_channels_last(self) -> A3Clstm:
         """Lay the conv weights (and inputs, in `encode`) out as channels_last.
 
-        On the 2-core CPU the batch-1 forward takes about 60% of the eager time, with the same
-        numbers within float rounding (`benchmarks/bench_networks.py`, case ``act``).
+        It speeds up the CPU's batch-1 forward (`benchmarks/bench_networks.py`, case ``act``).
         """
         self.to(memory_format=torch.channels_last)
         self.channels_last = True
@@ -186,13 +156,7 @@ class A3CMlp(ActorCriticLSTM):
     def __init__(
         self, num_inputs: int, action_space: gym.spaces.Discrete, hidden_size: int = HIDDEN_SIZE
     ):
-        """Build and initialise the network.
-
-        Args:
-            num_inputs: length of the observation vector.
-            action_space: the env's discrete action space.
-            hidden_size: LSTM hidden size.
-        """
+        """Build and initialise the network for vectors of length `num_inputs`."""
         super().__init__()
         self.fc1 = nn.Linear(num_inputs, MLP_WIDTH)
         self.fc2 = nn.Linear(MLP_WIDTH, MLP_WIDTH)

@@ -1,10 +1,7 @@
 """The acting agent: one model, K >= 1 envs, their LSTM states, and the rollout they record.
 
-One training agent (`Agent`) plays K envs in lockstep and records a `Rollout` of (T, K)
-tensors for the loss; K = 1 is the original's one env per worker and runs the same code. How
-a step acts and how the rollout's loss inputs come out is a named strategy, `ReferencePath`
-(the original's) or `FastPath` (`fast_path.py`). Greedy play (the test process and
-``gym_eval.py``) is `GreedyPlayer`.
+`Agent` plays K envs in lockstep and records a `Rollout` of (T, K) tensors for the loss, on
+`ReferencePath` (the original's) or `FastPath`. Greedy play is `GreedyPlayer`.
 """
 
 from __future__ import annotations
@@ -32,19 +29,10 @@ def sample_actions(
 ) -> tuple[torch.Tensor, list[int]]:
     """One action per row from softmax(logits), with one host/device synchronisation a step.
 
-    Sampling from NaN probabilities fails on CPU and trips a device assert on CUDA, which
-    would end the process's CUDA context: a row that is not finite is sampled from a uniform
-    stand-in instead, and whether every row was finite comes back in the same transfer as
-    the actions (one ``tolist``, not a check and a read). Finite rows are sampled exactly as
-    from the logits themselves.
-
-    Args:
-        logits: (K, actions) policy logits.
-        probs: ``softmax(logits)`` when the caller has it already (the reference path needs
-            it for the entropy): sampled from instead of a second softmax.
-
-    Returns:
-        The actions as a (K, 1) tensor on the logits' device, and as a list.
+    Sampling from NaN probabilities trips a device assert on CUDA, which ends the process's
+    CUDA context, so a non-finite row is sampled from a uniform stand-in and the finiteness
+    check comes back in the actions' transfer. `probs`, when given, saves a second softmax.
+    Returns the actions as a (K, 1) tensor and as a list.
 
     Raises:
         NonFiniteError: a row held a NaN or inf (the env must not be stepped).
@@ -70,11 +58,7 @@ def training_reward(reward: float, clip: bool, scale: float) -> float:
 def forward(
     model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, bf16: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``model(x, hx, cx)``, with the encoder under bfloat16 autocast when `bf16`.
-
-    The LSTM and the heads always run in float32; without `bf16` this is ``model(x, hx, cx)``
-    exactly.
-    """
+    """``model(x, hx, cx)``, with the encoder under bfloat16 autocast when `bf16`."""
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         features = model.encode(x)
     return model.forward_features(features.float(), hx, cx)
@@ -87,9 +71,7 @@ def policy_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return probs, log_probs, -(log_probs * probs).sum(1)
 
 
-# ----------------------------------------------------------------------------------------------
 # The rollout
-# ----------------------------------------------------------------------------------------------
 
 
 HOST = torch.device("cpu")
@@ -100,24 +82,10 @@ HOST = torch.device("cpu")
 class Rollout:
     """K envs' rollout, what the loss needs, as (T, K) tensors.
 
-    The network's outputs and the bootstrap values are on the worker's device; the rewards
-    and the per-step flags, which the host recorded, stay on the CPU.
-
-    Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose episode
-    ended at step t < T - 1 waited for the rest: `took` is false on its later rows, which the
-    loss drops (``torch.where``) before any arithmetic; they were computed from blank frames.
-
-    Attributes:
-        values: V(s_t), with grad.
-        log_probs: log pi(a_t | s_t), with grad.
-        entropies: the policy's entropy at s_t, with grad.
-        rewards: the training rewards (clipped, scaled).
-        took: env k took step t.
-        terminated: step t ended env k's episode (a lost life counts in Atari training).
-        truncated: a time limit cut env k's episode at step t (and it did not terminate).
-        bootstrap: (K,) detached V of the state after each env's last step: 0 where that step
-            ended its episode, except a truncation under ``--bootstrap-truncated``.
-        steps: agent steps taken, summed over the envs.
+    Row t, column k is env k's step t; T is the longest of the K rollouts. An env whose
+    episode ended early waited for the rest: `took` is false on its later rows, which the loss
+    drops before any arithmetic. The rewards and flags stay on the CPU; `bootstrap` is the (K,)
+    detached V after each env's last step, 0 where it ended its episode.
     """
 
     values: torch.Tensor
@@ -134,9 +102,8 @@ class Rollout:
 class StepRecord:
     """The host side of a rollout: per step and env, what acting learned, in numpy arrays.
 
-    Declared once (`FIELDS`) and kept across rollouts (grown when a rollout is longer), so
-    recording a step writes K entries and allocates nothing; the arrays go to the worker's
-    device once, when the rollout ends (`to_device`), not one small copy per step.
+    Kept across rollouts, so recording a step allocates nothing; the arrays go to the device
+    once per rollout (`to_device`).
     """
 
     FIELDS: dict[str, type] = {
@@ -180,9 +147,7 @@ class StepRecord:
         return torch.tensor(self[name], device=device)
 
 
-# ----------------------------------------------------------------------------------------------
 # How a training step acts: the two paths
-# ----------------------------------------------------------------------------------------------
 
 
 class ReferencePath:
@@ -204,10 +169,7 @@ class ReferencePath:
     def act(
         self, model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor
     ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Sample an action per row of `x` and keep the step's graph.
-
-        Returns:
-            The actions, and the LSTM state after the step.
+        """Sample an action per row of `x` and keep the step's graph; return the LSTM state too.
 
         Raises:
             NonFiniteError: the policy is NaN or inf (nothing was recorded).
@@ -228,11 +190,7 @@ class ReferencePath:
 
 
 class FastPath:
-    """Act without autograd recording the encoder, then replay the rollout at once.
-
-    `fast_path.py` holds the machinery; the losses and gradients are the reference path's
-    (tested against it).
-    """
+    """Act without autograd recording the encoder, then replay the rollout at once (`fast_path`)."""
 
     name = "fast"
 
@@ -265,12 +223,8 @@ class FastPath:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(values, log_probs, entropies)``, each (T, K) with grad, from the tape.
 
-        The recorded encoder features (`replay_features`, which backpropagates into the conv
-        weights without a second forward) go through the fused LSTM as one sequence from the
-        rollout's starting state: the values and policies the per-step forwards gave (the
-        weights have not changed since), so the loss and gradients are the reference path's.
-        A waiting env's rows (fed blank frames) compute numbers the loss never reads, and
-        cannot reach the steps before them.
+        The recorded features go through the fused LSTM from the rollout's starting state: the
+        weights have not changed since acting, so the loss is the reference path's.
         """
         if self._start is None or not len(self.tape):
             raise RuntimeError("replaying a rollout needs fast-path steps first")
@@ -286,31 +240,16 @@ class FastPath:
 TrainingPath = ReferencePath | FastPath
 
 
-# ----------------------------------------------------------------------------------------------
 # The training agent
-# ----------------------------------------------------------------------------------------------
 
 
 class Agent:
     """Plays K >= 1 envs in lockstep with one model and records their rollout for the loss.
 
-    Each env plays its own rollout (up to n steps, stopping at the end of its episode, its own
-    LSTM state); one batched forward acts for all of them. An env whose episode ended waits
-    for the others: from then on its row of the batch is a blank (all-zero) frame, never its
-    terminal one, so a broken terminal observation cannot make the whole batch's policy NaN,
-    and its rows of the rollout are ones the loss does not read. The K rollouts make one
-    update (`train.a3c_loss`: the sum of the K rollouts' losses). K = 1 is the original's
-    worker, with the same code.
-
-    A rollout: `start_rollout`, `play_rollout`, `rollout` (the loss inputs, on the chosen
-    path); the next `start_rollout` forgets it.
-
-    Attributes:
-        model, envs, device: the network, the K environments, where tensors live.
-        path: how a step acts and how the loss inputs come out (`ReferencePath`, `FastPath`).
-        record: the host side of the rollout being played (`StepRecord`).
-        hx, cx: LSTM states, shape (K, hidden_size).
-        done: per env, its last step ended its episode (it resets at the next rollout).
+    Each env plays its own rollout with its own LSTM state; one batched forward acts for all.
+    An env whose episode ended waits, fed a blank frame, never its terminal one: a broken
+    terminal observation cannot make the batch's policy NaN. A rollout is `start_rollout`,
+    `play_rollout`, `rollout`.
     """
 
     def __init__(
@@ -324,19 +263,7 @@ class Agent:
         bf16: bool = False,
         bootstrap_truncated: bool = False,
     ):
-        """Create the agent; call `reset` before acting.
-
-        Args:
-            model: the network.
-            envs: the environments (one or more).
-            device: where the model lives.
-            clip_rewards: clip training rewards to [-1, 1] (the original's rule).
-            reward_scale: multiply the (clipped) training rewards by this.
-            fast_path: train on the fast path (`FastPath`) instead of the reference.
-            bf16: run the encoder under bfloat16 autocast when training (``--precision bf16``).
-            bootstrap_truncated: an episode cut by a time limit (truncated, not terminated)
-                ends its return with V of its last state instead of 0 (``--bootstrap-truncated``).
-        """
+        """Create the agent; call `reset` before acting."""
         if not envs:
             raise ValueError("an agent needs at least one env")
         self.model = model
@@ -383,10 +310,7 @@ class Agent:
         self.done = [False] * len(self.envs)
 
     def start_rollout(self) -> None:
-        """Begin a rollout: envs whose episode ended start a new one (LSTM state zeroed).
-
-        The others go on, their LSTM state cut from the last rollout's graph.
-        """
+        """Begin a rollout: envs whose episode ended start a new one (LSTM state zeroed)."""
         if not self._obs:
             raise RuntimeError("reset() the agent before its first rollout")
         hx, cx = self.hx.detach(), self.cx.detach()
@@ -406,9 +330,8 @@ class Agent:
     def restart_episodes(self) -> None:
         """Zero every env's LSTM state at the next rollout (after a skipped update).
 
-        Each env is reset as at the end of an episode: a new game for most envs, while an Atari
-        game goes on from where it stands (the lost-life reset's one no-op step). What a NaN
-        can have reached is the LSTM state, which starts afresh either way.
+        An Atari game goes on from where it stands (a lost-life reset); what a NaN can have
+        reached is the LSTM state, which starts afresh either way.
         """
         self.done = [True] * len(self.envs)
 
@@ -420,10 +343,7 @@ class Agent:
     # -- acting -----------------------------------------------------------------------------
 
     def play_rollout(self, num_steps: int) -> int:
-        """Up to `num_steps` steps in every env, each stopping at the end of its episode.
-
-        Returns:
-            The agent steps taken, summed over the envs.
+        """Up to `num_steps` steps in every env, to the end of its episode; return the steps.
 
         Raises:
             NonFiniteError: the policy came out NaN or inf (no env was stepped that step).
@@ -482,9 +402,8 @@ class Agent:
     def bootstrap_value(self) -> torch.Tensor:
         """V of each env's current state, 0 where its episode ended; shape (K,), detached.
 
-        With ``bootstrap_truncated``, an env whose episode a time limit cut keeps the value of
-        the state it was cut at, with the LSTM state the cut left it. One batched forward of
-        the envs that keep a value; none when every episode ended.
+        With ``bootstrap_truncated``, an env a time limit cut keeps the value of the state it
+        was cut at, with the LSTM state the cut left it.
         """
         keep = [not done for done in self.done]
         hx, cx = self.hx.detach(), self.cx.detach()
@@ -500,9 +419,7 @@ class Agent:
         return torch.where(kept, value.view(-1), torch.zeros((), device=self.device))
 
 
-# ----------------------------------------------------------------------------------------------
 # Greedy play: the test process's and gym_eval.py's games
-# ----------------------------------------------------------------------------------------------
 
 
 GAME_OVER, TIME_LIMIT, STALLED, STOPPED = "game over", "time limit", "stalled", "stopped"
@@ -510,16 +427,9 @@ GAME_OVER, TIME_LIMIT, STALLED, STOPPED = "game over", "time limit", "stalled", 
 
 @dataclass(frozen=True)
 class GameResult:
-    """One greedy game.
+    """One greedy game: its unclipped reward, agent steps over every life, and how it ended.
 
-    Attributes:
-        reward: the game's total reward over the agent's steps, as the game gave it (not
-            clipped; the reset's no-op and FIRE steps count none, as in the original).
-        length: agent steps, every life of the game together.
-        ending: `GAME_OVER`; `TIME_LIMIT` (``--max-episode-length``); `STALLED` (``--stall-steps``
-            steps in a row without a reward, e.g. Breakout waiting for a FIRE the agent never
-            presses); `STOPPED` (the caller asked to stop mid-game).
-        steps_without_reward: steps since the last non-zero reward when the game ended.
+    `STALLED` is ``--stall-steps`` steps without a reward (say, Breakout waiting for a FIRE).
     """
 
     reward: float
@@ -543,10 +453,8 @@ class GameResult:
 class GreedyPlayer:
     """Plays whole games with the argmax action: what the test process and gym_eval.py score.
 
-    A lost life goes on with the same game (the LSTM state starts afresh, as in training);
-    the game ends at a real game over, at the time limit, after ``stall_steps`` steps in a row
-    without a reward, or when `should_stop` says so. After a game that ended early the next
-    one starts from a real reset, not from the lost-life reset.
+    A lost life goes on with the same game (the LSTM state starts afresh, as in training). A
+    game that ended early is followed by a real reset, not the lost-life reset.
     """
 
     def __init__(self, model: nn.Module, env: gym.Env, device: torch.device | str = "cpu"):
@@ -566,16 +474,7 @@ class GreedyPlayer:
         on_frame: Callable[[np.ndarray], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> GameResult:
-        """Play one game from a real reset.
-
-        Args:
-            seed: seeds the env's reset (the first game of a run, for reproducibility).
-            stall_steps: end the game after this many steps in a row without a reward
-                (0: only the game's own end and the time limit end it).
-            on_frame: gets the rendered screen before every action (the env must render
-                ``rgb_array``).
-            should_stop: asked before every step; True ends the game as `STOPPED`.
-        """
+        """Play one game from a real reset; `on_frame` gets the screen before every action."""
         force_real_reset(self.env)
         obs, _ = self.env.reset(seed=seed)
         state = self._state(obs)

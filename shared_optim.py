@@ -1,17 +1,12 @@
 """Optimizers whose statistics live in shared memory, for Hogwild training.
 
-All state (step count, moving averages) is created in ``__init__`` rather than lazily on the
-first step, so `share_memory()` can move it to shared memory before the workers start; every
-worker then reads and updates the same statistics, without locks. The update arithmetic
-follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` (single-tensor path) operation for
-operation, so both give the same parameters step after step. (The original's SharedAdam adds
-eps before the bias correction, as the ``torch.optim.Adam`` of its day did: a larger
-effective eps for the first thousand or so steps; docs/differences.md.)
+All state is created in ``__init__``, not on the first step, so `share_memory()` can share it
+before the workers start; they then update the same statistics without locks. The arithmetic
+follows ``torch.optim.Adam`` / ``torch.optim.RMSprop`` operation for operation (the original's
+SharedAdam adds eps before the bias correction: docs/differences.md).
 
-The step count is the one statistic a lost update would corrupt for good: ``step += 1`` on
-one shared number from every worker is a read-modify-write race (two processes stepping
-20,000 times each at once counted 39,990). So each worker counts its own steps in a slot
-of a shared vector that only it writes, and an update uses their sum.
+Each worker counts its steps in its own slot of a shared vector, and an update uses their sum:
+``step += 1`` on one shared number is a read-modify-write race that loses steps.
 """
 
 from __future__ import annotations
@@ -46,13 +41,8 @@ LR_SCHEDULES = ("constant", "linear")
 def scheduled_lr(lr: float, schedule: str, steps: int, max_steps: int) -> float:
     """The learning rate after `steps` agent steps (all workers together) under `schedule`.
 
-    ``constant`` is `lr` throughout (the original A3G). ``linear`` falls in a straight line
-    from `lr` at step 0 to 0 at `max_steps` and stays there (the A3C paper's annealing): the
-    last updates barely move the weights, so the policy the run ends with is a settled one.
-    A resumed run goes on down the same line, as its step count goes on.
-
-    Raises:
-        ValueError: an unknown schedule, or ``linear`` without a step budget.
+    ``linear`` falls from `lr` at step 0 to 0 at `max_steps` (the A3C paper's annealing), so
+    the run ends on a settled policy.
     """
     if schedule == "constant":
         return lr
@@ -76,10 +66,8 @@ SECOND_MOMENTS = ("exp_avg_sq", "square_avg")
 class _SharedOptimizer(optim.Optimizer):
     """Base class: eager state creation, `share_memory`, and the step count kept in slots.
 
-    Attributes:
-        step_counts: steps taken, one slot per worker (float64: exact to 2**53); the
-            optimizer's step count is their sum. Shared by `share_memory`.
-        slot: the slot this process counts in (`use_slot`); each process has its own value.
+    `step_counts` holds each worker's steps (float64: exact to 2**53); `slot` is the one this
+    process counts in (`use_slot`).
     """
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
@@ -110,13 +98,8 @@ class _SharedOptimizer(optim.Optimizer):
     def moving_averages(self) -> list[tuple[torch.Tensor, float, bool]]:
         """The statistics a step moves as ``avg = decay * avg + new``, in a fixed order.
 
-        Adam's moments, RMSprop's averages (and momentum buffer): every state tensor but the
-        step count and AMSGrad's running maximum (a maximum: each process keeps its own over
-        the averages it sees). A cluster exchanges these (`cluster.StatisticsSync`).
-
-        Returns:
-            (tensor, its decay per step, whether it is a second moment, never negative), for
-            each parameter in order, each tensor in name order.
+        Each is ``(tensor, decay, is_second_moment)``: every state tensor but the step count and
+        AMSGrad's maximum (each process keeps its own). A cluster exchanges these.
         """
         averages = []
         for group in self.param_groups:
@@ -197,12 +180,8 @@ class _SharedOptimizer(optim.Optimizer):
     def load_statistics(self, state_dict: dict) -> dict[str, tuple[Any, Any]]:
         """Load saved statistics but keep this optimizer's own settings (lr, betas, eps, ...).
 
-        `load_state_dict` restores the saved param-group settings too, so a run resumed with a
-        new ``--lr`` would silently go on with the old one. Resuming wants the statistics from
-        the file and the settings from the command line.
-
-        Returns:
-            setting name -> (saved value, value kept) for every setting that differs.
+        `load_state_dict` restores the saved settings too, so a resume with a new ``--lr`` would
+        go on with the old one. Returns name -> (saved, kept) for each setting that differs.
         """
         settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         self.load_state_dict(state_dict)
@@ -229,18 +208,7 @@ class SharedRMSprop(_SharedOptimizer):
         centered: bool = False,
         slots: int = 1,
     ):
-        """Create the optimizer and its (not yet shared) state.
-
-        Args:
-            params: parameters (or parameter groups) of the shared model.
-            lr: learning rate.
-            alpha: smoothing constant of the squared-gradient average.
-            eps: added to the denominator (0.1 as in the original, torch's default is 1e-8).
-            weight_decay: L2 penalty.
-            momentum: momentum factor.
-            centered: normalise by the gradient's estimated variance.
-            slots: processes that will step it (one step-count slot each; `use_slot`).
-        """
+        """Create the optimizer and its (not yet shared) state, a step slot per process."""
         _check_positive("lr", lr)
         _check_positive("eps", eps)
         if not 0.0 <= alpha < 1.0:
@@ -310,17 +278,7 @@ class SharedAdam(_SharedOptimizer):
         amsgrad: bool = False,
         slots: int = 1,
     ):
-        """Create the optimizer and its (not yet shared) state.
-
-        Args:
-            params: parameters (or parameter groups) of the shared model.
-            lr: learning rate.
-            betas: decay rates of the first and second moment averages.
-            eps: added to the denominator (1e-3 as in the original, torch's default is 1e-8).
-            weight_decay: L2 penalty.
-            amsgrad: use the running maximum of the second moment (AMSGrad).
-            slots: processes that will step it (one step-count slot each; `use_slot`).
-        """
+        """Create the optimizer and its (not yet shared) state, a step slot per process."""
         _check_positive("lr", lr)
         _check_positive("eps", eps)
         for beta in betas:
@@ -367,8 +325,7 @@ class SharedAdam(_SharedOptimizer):
             second_moment = max_exp_avg_sq
         else:
             second_moment = exp_avg_sq
-        # In place after the sqrt: torch.optim.Adam's bits, one parameter-sized temporary
-        # instead of two (less than half the time of `sqrt() / c`).
+        # In place after the sqrt: torch.optim.Adam's bits with one parameter-sized temporary.
         denom = second_moment.sqrt().div_(bias_correction2_sqrt).add_(eps)
         param.addcdiv_(exp_avg, denom, value=-step_size)
 
@@ -376,15 +333,7 @@ class SharedAdam(_SharedOptimizer):
 def make_optimizer(
     params: Iterable[torch.Tensor], optimizer: str, lr: float, amsgrad: bool, slots: int = 1
 ) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam).
-
-    Args:
-        params: the parameters it updates.
-        optimizer: ``"Adam"`` or ``"RMSprop"``.
-        lr: the learning rate.
-        amsgrad: AMSGrad (Adam only).
-        slots: processes that will step it (``--workers`` for the shared optimizer).
-    """
+    """The optimizer named by ``--optimizer`` with ``--lr`` (and ``--amsgrad`` for Adam)."""
     if optimizer == "RMSprop":
         return SharedRMSprop(params, lr=lr, slots=slots)
     return SharedAdam(params, lr=lr, amsgrad=amsgrad, slots=slots)

@@ -53,27 +53,11 @@ def discounted_targets(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """n-step returns and GAE advantages of K rollouts: a reversed scan, without autograd.
 
-    For step t, last to first, in each env that took it: ``R = gamma * R + r_t``;
-    ``delta_t = r_t + gamma * V_{t+1} - V_t``; ``gae = gae * gamma * tau + delta_t``; starting
-    from ``R = V_{T} = bootstrap`` and ``gae = 0``. An env's return, GAE and next value pass
-    unchanged through the steps after its rollout ended, which `took` marks false.
-
-    The scan runs in numpy on the host: T steps of a few (K,) operations each cost less there
-    than as torch ops, with the same float32 arithmetic in the same order, so the same bits.
-    On a GPU the rewards and flags are on the host already (the record's), the values and the
-    bootstrap come back in one copy and the results go out in one, instead of ~12 kernel
-    launches a step.
-
-    Args:
-        rewards: (T, K) training rewards (on any device: the host's, from a rollout).
-        values: (T, K) V(s_t), as computed for the loss (detached).
-        bootstrap: (K,) V of the state after each env's last step, 0 where it ended an episode.
-        took: (T, K) booleans: env k took step t (on any device, as `rewards`).
-        gamma: discount.
-        tau: GAE lambda.
-
-    Returns:
-        (returns, advantages), each (T, K), on `values`' device.
+    Step t, last to first: ``R = gamma * R + r_t``, ``delta_t = r_t + gamma * V_{t+1} - V_t``,
+    ``gae = gae * gamma * tau + delta_t``, from ``R = V_T = bootstrap`` and ``gae = 0``. Steps
+    an env did not take (`took` false) pass its values through unchanged. The scan runs in
+    numpy on the host, cheaper than small torch ops and the same float32 bits. Returns
+    ``(returns, advantages)``, each (T, K), on `values`' device.
     """
     reward, step_taken = rewards.cpu().numpy(), took.cpu().numpy()  # recorded on the host
     # The values and the bootstrap in one copy from the device (the one wait for it here).
@@ -100,28 +84,11 @@ def a3c_loss(
 ) -> LossTerms:
     """The A3C loss of K envs' rollouts (the sum of each env's own), in two phases.
 
-    First the targets, without autograd (`discounted_targets`): the n-step return ``R_t`` and
-    the GAE advantage ``gae_t`` of every step. Then the loss as masked sums over the steps
-    taken: the value loss ``0.5 * (R_t - V_t)**2``, the policy loss
-    ``-(log_prob_t * gae_t + entropy_coef * entropy_t)``, and the total
-    ``policy_loss + value_coef * value_loss`` (value_coef 0.5 is the original). This is the
-    original's backward loop, step for step, on whole tensors.
-
-    The entries of steps an env did not take (``rollout.took`` false) are dropped with
-    ``torch.where`` before any arithmetic (never multiplied by 0), and the scan passes those
-    rows by, so a stale entry (a reward left from the last rollout) never reaches the loss.
-    Each env's terms are exactly its own rollout's. This is no shield for the network's own
-    outputs: a NaN it computed in such a row would still reach the weights' gradients through
-    its backward (0 * NaN). Such rows see blank frames, and `sample_actions` refuses a policy
-    with a NaN or inf in any row.
-
-    Args:
-        rollout: the (T, K) values, log-probabilities and entropies (with grad) and the
-            bootstrap values, on the worker's device; the rewards and steps taken, on the host.
-        gamma: discount.
-        tau: GAE lambda.
-        entropy_coef: weight of the entropy bonus.
-        value_coef: weight of the value loss.
+    The targets come first, without autograd (`discounted_targets`); then the value loss
+    ``0.5 * (R_t - V_t)**2`` and the policy loss ``-(log_prob_t * gae_t + entropy_coef *
+    entropy_t)``, summed over the steps taken: the original's backward loop on whole tensors.
+    Steps an env did not take are dropped with ``torch.where`` before any arithmetic, so a
+    stale entry never reaches the loss.
     """
     took = rollout.took.to(rollout.values.device)  # recorded on the host: one copy to a GPU
     zero = torch.zeros((), dtype=rollout.values.dtype, device=rollout.values.device)
@@ -156,8 +123,7 @@ REPORT_SECONDS = 5.0
 class TrainStats:
     """One worker's update statistics between two reports.
 
-    Sums stay tensors (on the worker's device), so recording an update costs a few small ops
-    and no device synchronisation; `flush` turns them into floats once per report.
+    Sums stay tensors on the worker's device, so recording an update needs no device sync.
     """
 
     def __init__(self, model: nn.Module):
@@ -183,7 +149,7 @@ class TrainStats:
     def grad_squares(self, model: nn.Module) -> torch.Tensor:
         """Sum of squared gradient entries of each parameter (call after backward).
 
-        As norms squared: ``grad.pow(2)`` made a copy of every gradient (3x the time).
+        As norms squared: ``grad.pow(2)`` would copy every gradient.
         """
         return torch.stack(
             [
@@ -255,8 +221,7 @@ class NonFiniteGuard:
 def update_is_finite(terms: LossTerms, squares: torch.Tensor) -> bool:
     """The loss and every gradient entry are finite (one device sync).
 
-    A NaN or inf anywhere in a gradient makes its sum of squares NaN or inf, so checking
-    the sums (already computed for the statistics) and the loss is enough.
+    A NaN or inf anywhere in a gradient makes its sum of squares non-finite too.
     """
     return bool(torch.isfinite(squares.sum() + terms.total.detach()).item())
 
@@ -270,11 +235,8 @@ def step_size_for(rank: int, num_steps: int, distributed_step_size: list[int]) -
 def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
     """Copy the shared weights into the worker's model, one tensor copy each.
 
-    Plain ``copy_`` calls instead of ``load_state_dict`` (which builds two state dicts and
-    matches their keys every rollout). Queued ``non_blocking``: from pinned shared memory
-    (`pin_shared_memory`) to a GPU they are asynchronous copies, ordered before the
-    rollout's first forward on the same stream, so nothing waits for them here; on the CPU
-    they are plain copies.
+    Cheaper than ``load_state_dict``. From pinned shared memory to a GPU the ``non_blocking``
+    copies are asynchronous, ordered before the rollout's first forward on the same stream.
     """
     with torch.no_grad():
         for mine, shared in zip(model.parameters(), shared_model.parameters(), strict=True):
@@ -286,21 +248,10 @@ def sync_weights(model: nn.Module, shared_model: nn.Module) -> None:
 def pin_shared_memory(shared_model: nn.Module, device: torch.device) -> list[int]:
     """Page-lock this process's mapping of the shared weights, for asynchronous GPU copies.
 
-    A copy from pageable memory to a GPU is staged through a pinned buffer by the driver and
-    blocks the process; from registered (pinned) memory it is one DMA the GPU runs while
-    the worker goes on. Registration is per process and needs CUDA; where it fails (no CUDA,
-    a system that refuses to lock the pages, a range this process registered already) the
-    rest stay unregistered, their copies blocking and correct. A failed ``cudaHostRegister``
-    also leaves its error pending in the CUDA runtime, where the next kernel launch of this
-    thread would report it as its own failure ("memory range is already mapped" from a
-    ``torch.zeros``); it is consumed here.
-
-    Args:
-        shared_model: the shared-memory CPU model.
-        device: the worker's CUDA device (where the pending error is consumed).
-
-    Returns:
-        The registered addresses, for `unpin_shared_memory`; empty without CUDA.
+    A copy from pageable memory blocks the process; from pinned memory it is one DMA the GPU
+    runs meanwhile. Where registration fails, the rest stay unregistered (blocking, correct),
+    and the error it leaves pending, which the next kernel launch would report as its own, is
+    consumed on `device`. Returns the registered addresses, for `unpin_shared_memory`.
     """
     if not torch.cuda.is_available():
         return []
@@ -322,8 +273,7 @@ def unpin_shared_memory(pointers: list[int]) -> None:
     """Undo `pin_shared_memory` once the copies from those pages are done.
 
     Registrations outlive the tensors: a later shared model mapped at the same addresses in
-    this process (a second run in one process, as in the tests) would find them registered
-    and be refused.
+    this process would be refused.
     """
     if not pointers:
         return
@@ -337,9 +287,8 @@ def unpin_shared_memory(pointers: list[int]) -> None:
 def pinned_pages(shared_model: nn.Module, device: torch.device) -> Iterator[None]:
     """The shared weights' pages pinned for a GPU worker's block (`pin_shared_memory`).
 
-    Unpinned however the block ends. When it ends in an error, a CUDA error that unpinning
-    raises again (sticky: the context is lost, no copy is in flight) is dropped, so the
-    error reported stays the block's own.
+    Unpinned however the block ends; after an error, a sticky CUDA error that unpinning
+    raises again is dropped, so the error reported stays the block's own.
     """
     pointers = pin_shared_memory(shared_model, device) if device.type == "cuda" else []
     try:
@@ -354,9 +303,8 @@ def pinned_pages(shared_model: nn.Module, device: torch.device) -> Iterator[None
 def consume_cuda_error(device: torch.device) -> None:
     """Read away the error a failed CUDA runtime call left pending for this thread.
 
-    The runtime keeps the last error of a thread until ``cudaGetLastError`` reads it, and
-    PyTorch reads it after each kernel launch; PyTorch binds no call that reads it alone,
-    so one tiny kernel is launched and the error it reports is dropped.
+    PyTorch binds no call that reads it alone, so one tiny kernel is launched and the error
+    it reports is dropped.
     """
     with contextlib.suppress(RuntimeError):  # torch.AcceleratorError: the pending error
         torch.empty(1, device=device).fill_(0.0)
@@ -365,26 +313,14 @@ def consume_cuda_error(device: torch.device) -> None:
 def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = False) -> None:
     """Give the shared model this worker's current gradients, on every call.
 
-    Why it exists: the optimizer steps the shared (CPU, shared-memory) parameters, but
-    backward ran on the worker's own copy. The original handed a gradient over only while the
-    shared parameter had none, relying on PyTorch 1.x zeroing that same tensor in place. On
-    PyTorch 2.x ``zero_grad()`` sets gradients to None and backward allocates a new tensor, so
-    the shared parameter kept pointing at the first gradient forever and every later update
-    re-applied it: CPU training could not learn.
+    The optimizer steps the shared parameters, but backward ran on the worker's copy. The
+    original handed a gradient over only while the shared one was None, relying on PyTorch 1.x
+    zeroing it in place; since ``zero_grad()`` sets None, the shared parameter would keep the
+    first gradient forever and training could not learn.
 
-    Two ways, the same gradients:
-    - ``copy=False`` (CPU workers): the shared parameter references the worker's new gradient
-      tensor (no copy; ``.grad`` is per process, so workers never see each other's).
-    - ``copy=True`` (GPU workers; works from any device): each gradient is copied into a CPU
-      buffer kept on the shared parameter and reused across updates, never the worker's own
-      tensor. From a CUDA device the buffer is pinned and the copies are non-blocking, queued
-      back to back, with one synchronisation before returning, so the optimizer never reads
-      a buffer in flight.
-
-    Args:
-        model: the worker's model, after ``backward()``.
-        shared_model: the shared CPU model the optimizer steps.
-        copy: hand over copies in reused CPU buffers instead of references.
+    ``copy=False`` (CPU workers) hands over a reference (``.grad`` is per process).
+    ``copy=True`` (GPU workers) copies into a reused, pinned CPU buffer, non-blocking, with
+    one synchronisation before returning, so the optimizer never reads a buffer in flight.
     """
     cuda_device = None
     for param, shared_param in zip(model.parameters(), shared_model.parameters(), strict=True):
@@ -416,8 +352,7 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = 
 class PhaseClock:
     """A timing hook for the worker loop: seconds spent in each phase (for benchmarks).
 
-    The loop calls `lap` at the end of each phase; the time since the previous lap is added
-    to that phase. Without a clock the loop's laps cost one empty call each.
+    The loop calls `lap` at the end of each phase.
     """
 
     def __init__(self) -> None:
@@ -442,10 +377,8 @@ def worker_seeds(
 ) -> tuple[int, list[int]]:
     """Worker `rank`'s torch seed and the seeds of its `envs` envs.
 
-    A fresh run's first start: ``seed + rank``, and env k ``seed + rank + k * workers`` (one env
-    per worker keeps the original's ``seed + rank``; no two envs of a run share a seed). A
-    resumed sitting's or a restarted worker's: drawn afresh (`ProcessStart.seeds`), so its
-    games do not replay the run's first ones.
+    A fresh run's first start: ``seed + rank``, and env k ``seed + rank + k * workers``; a
+    resume or a restart draws afresh (`ProcessStart.seeds`).
     """
     if start.first:
         return seed + rank, [seed + rank + k * workers for k in range(envs)]
@@ -471,27 +404,10 @@ def run_worker(
 ) -> None:
     """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
 
-    Each rollout: copy the shared weights, play up to n steps (stopping at the end of an
-    episode), compute the loss, backpropagate on the own copy, hand the gradients to the
-    shared model and step the optimizer on it, without a lock.
-
-    An update whose policy, loss or gradients hold a NaN or inf is skipped (the shared model
-    never sees it), counted in ``ctx.skipped``, and the episode restarts; after `NONFINITE_LIMIT`
-    in a row the worker raises `FatalRunError` and the launcher stops the run.
-
-    Args:
-        rank: worker index; seeds with ``seed + rank`` (`worker_seeds`) and picks the GPU
-            round-robin.
-        config: the run's configuration.
-        spec: how to build its envs.
-        shared_model: the shared-memory CPU model.
-        optimizer: the shared optimizer, or None for one of the worker's own (statistics
-            not shared) over the shared parameters.
-        ctx: the stop event and step counter shared with the launcher.
-        normalizer: observation-normaliser statistics to continue from (a resumed run).
-        on_update: called with each applied update's loss terms (tests, benchmarks).
-        clock: times each phase of the loop (benchmarks).
-        start: which start of this worker this is (a resume's or a restart's draws new seeds).
+    Each rollout: copy the shared weights, play up to n steps, backpropagate on the own copy,
+    hand the gradients to the shared model and step the optimizer, without a lock. An update
+    with a NaN or inf is skipped and counted; after `NONFINITE_LIMIT` in a row the worker
+    raises `FatalRunError`. An `optimizer` of None makes one of the worker's own.
     """
     # -- setup: device, seeds, envs, own model copy, agent -------------------------------------
     device = worker_device(config.gpu_for(rank))

@@ -56,12 +56,8 @@ INTERRUPTED_EXIT = 130
 def run_script(main: Callable[[], int], interrupted: list[int], message: str) -> NoReturn:
     """Exit with `main`'s code, as ``python <script>`` ends.
 
-    Args:
-        main: the script's entry point.
-        interrupted: the SIGINTs the script noted while it imported (its handler is set
-            before its imports: raised inside torch's, a Ctrl-C could be lost or leave numpy
-            half-loaded). Any: `message` and `INTERRUPTED_EXIT`, before `main` runs.
-        message: the one line a Ctrl-C before the start prints.
+    `interrupted` holds the SIGINTs noted while the script imported: any prints `message` and
+    exits with `INTERRUPTED_EXIT` before `main` runs.
     """
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored by whoever started it
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -69,22 +65,19 @@ def run_script(main: Callable[[], int], interrupted: list[int], message: str) ->
         print(message, file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     code = main()
-    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers (a traceback) or
-    # its teardown after them (killed by the signal, a failure to a shell), so it is ignored
-    # (SIG_IGN, which Python keeps to the end, unlike a handler of its own); SIGTERM ends it.
+    # All is saved: a Ctrl-C now would only interrupt Python's exit handlers or teardown, so it
+    # is ignored (SIG_IGN, which Python keeps to the end); SIGTERM still ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 
-# ----------------------------------------------------------------------------------------------
 # Logging and formatting
-# ----------------------------------------------------------------------------------------------
 
 
 def setup_logger(name: str, log_file: str | Path, level: int = logging.INFO) -> logging.Logger:
     """Return a logger writing ``%(asctime)s : %(message)s`` to `log_file` and the terminal.
 
-    Calling it twice with the same name does not duplicate lines: old handlers are replaced.
+    Old handlers of the same name are replaced, so a second call duplicates no lines.
     """
     logger = logging.getLogger(name)
     for handler in list(logger.handlers):
@@ -121,24 +114,16 @@ def require_at_least(flag: str, value: int, minimum: int = 1) -> None:
         raise UsageError(f"{flag} must be at least {minimum}, got {value}")
 
 
-# ----------------------------------------------------------------------------------------------
 # Seeds
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ProcessStart:
     """Which start of a run's child process this is, for its seeds.
 
-    A fresh run's first start of each child seeds as the original does (``--seed`` plus the
-    worker's rank); every later one, a resumed sitting's or a restart after a crash, draws
-    seeds of its own (`seeds`), so it does not replay the no-op counts, sticky repeats and
-    action draws the run began with. A state resumed twice draws the same seeds both times.
-
-    Attributes:
-        resumed_steps: the agent steps this sitting resumed from (0: a fresh run, or one from
-            a ``.dat`` alone).
-        count: the child's earlier starts in this sitting (0: its first).
+    A fresh run's first start seeds as the original does (``--seed`` plus the rank); every
+    later one (a resume, a restart) draws seeds of its own, so it does not replay the draws
+    the run began with. `count` is the child's earlier starts in this sitting.
     """
 
     resumed_steps: int = 0
@@ -152,10 +137,7 @@ class ProcessStart:
     def seeds(self, seed: int, rank: int | None, number: int) -> list[int]:
         """`number` seeds in 0..2**32-1, drawn from `seed`, the process and this start.
 
-        Args:
-            seed: the run's ``--seed`` (a cluster node's, offset by its start).
-            rank: the training worker's rank; None for the test process.
-            number: how many seeds.
+        `rank` is the training worker's; None for the test process.
         """
         process = 0 if rank is None else rank + 1
         spawn_key = (process, self.resumed_steps, self.count)
@@ -167,39 +149,17 @@ FIRST_START = ProcessStart()
 """A fresh run's first start of a child: the plain seeds."""
 
 
-# ----------------------------------------------------------------------------------------------
 # Processes
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class ProcessContext:
     """What the launcher shares with every child: the stop flag, counters, a report pipe.
 
-    Nothing in it takes a lock. A process SIGKILLed (an OOM kill, a user's ``kill -9``) while
-    holding a lock shared with the others leaves it held for good: every other process, the
-    launcher too, would then block on it and the run would hang. So the stop request is a
-    shared flag children poll, each counter has one slot per worker that only its owner
-    writes (readers sum the slots), and each child reports through a pipe of its own, which
-    a killed child can break only for itself.
-
-    Attributes:
-        stop_flag: a shared byte the launcher sets to 1 when the run must end.
-        steps: agent steps, one shared slot per worker rank; their sum plus `base_steps` is
-            the run's total.
-        skipped: updates skipped for a NaN or inf loss or gradient, one slot per rank.
-        base_steps: steps of the run before this launcher started (a resumed run).
-        base_skipped: skipped updates before this launcher started.
-        max_steps: stop once the total steps reach it (0 = no limit).
-        start_time: when the run started (``time.time()``), earlier by the saved training
-            time in a resumed run, for elapsed time and frames/s.
-        parent_pid: the launcher's pid; a child whose parent changes was orphaned (the
-            launcher was killed) and stops by itself.
-        slot: the counter slot this process writes (a worker's rank); -1 for a process that
-            counts nothing (the test process).
-        reports: this child's end of its report pipe to the launcher (`ReportChannels`);
-            None where no launcher listens (a worker loop run in-process by a test or a
-            benchmark), and then reports are dropped.
+    Nothing in it takes a lock: a process SIGKILLed while holding a shared lock would hang
+    the run. So the stop request is a flag children poll, each counter has one slot per worker
+    that only its owner writes (readers sum them), and each child reports through its own
+    pipe (`reports`; None where no launcher listens). `slot` is -1 in the test process.
     """
 
     stop_flag: Any
@@ -228,16 +188,8 @@ class ProcessContext:
     ) -> ProcessContext:
         """Make the shared objects from a multiprocessing context; the clock starts now.
 
-        The context returned counts in slot 0 and reports nowhere: what a worker loop run
-        in-process needs. The launcher gives each child its own with `for_child`.
-
-        Args:
-            mp_context: the multiprocessing context the children are started with.
-            max_steps: the step budget (0 = none).
-            steps: steps already taken (a resumed run).
-            elapsed: seconds already trained (a resumed run).
-            skipped: non-finite updates already skipped (a resumed run).
-            slots: counter slots, one per worker rank (``--workers``).
+        The context returned counts in slot 0 and reports nowhere; children get theirs from
+        `for_child`.
         """
         require_at_least("slots", slots)
         return cls(
@@ -319,17 +271,12 @@ class ProcessContext:
 class ReportChannels:
     """The launcher's ends of the children's report pipes: one pipe per child.
 
-    A pipe shared by every child (a ``multiprocessing.Queue``) has one writer lock: a child
-    killed while its feeder thread holds it silences every other child for the rest of the
-    run. With a pipe each, a child killed mid-message breaks only its own pipe; its reader
-    sees the end of the pipe (the launcher keeps no copy of the child's end), and the child's
-    replacement gets a new pipe.
+    A shared ``multiprocessing.Queue`` has one writer lock, which a killed child can hold for
+    good. With a pipe each, a child killed mid-message breaks only its own pipe.
     """
 
-    # Reports read from one pipe per `receive` call. A child that writes as fast as the
-    # launcher reads would otherwise keep `receive` (and with it the launcher's whole loop:
-    # restarts, checkpoints, Ctrl-C) reading forever. A dead child's pipe holds at most its
-    # 64 KiB buffer, fewer reports than this, so it is still read to its end in one call.
+    # Reports read from one pipe per `receive` call, so a fast writer cannot hold the
+    # launcher's loop; a dead child's 64 KiB pipe buffer still fits in one call.
     MAX_REPORTS_PER_CALL = 4096
 
     def __init__(self, mp_context: Any):
@@ -358,11 +305,7 @@ class ReportChannels:
     def receive(self, key: Any | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
         """The reports that have arrived, as ``(key, kind, payload)``; never waits for more.
 
-        Every report that has arrived, up to `MAX_REPORTS_PER_CALL` from each pipe. A pipe
-        whose child has died is read to its end and closed.
-
-        Args:
-            key: read only this child's pipe (default: every child's).
+        A `key` reads only that child's pipe. A dead child's pipe is read to its end and closed.
         """
         if key is None:
             readers = self.readers
@@ -395,10 +338,9 @@ class ReportChannels:
 def sigterm_interrupts() -> Iterator[None]:
     """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so what is done is kept.
 
-    `timeout`, schedulers and ``docker stop`` send SIGTERM, to the process alone: its own
-    clean-up then stops its children. Spawned children start with SIGTERM's default (a handler
-    does not survive ``exec``). Outside the main thread, or where SIGTERM was ignored by
-    whoever started the process, the block does nothing.
+    `timeout`, schedulers and ``docker stop`` send SIGTERM to the process alone: its clean-up
+    then stops its children. Outside the main thread, or where SIGTERM is ignored, it does
+    nothing.
     """
     if (
         threading.current_thread() is not threading.main_thread()
@@ -421,14 +363,9 @@ def sigterm_interrupts() -> Iterator[None]:
 def sigint_ignored() -> Iterator[None]:
     """Start a child in the block: it inherits an ignored SIGINT.
 
-    A spawned child keeps an ignored disposition across ``exec``; a handler would become the
-    default there, and Python's default raises KeyboardInterrupt (a traceback on the
-    terminal) in a child still starting up, before `child_process` ignores SIGINT itself.
-    A Ctrl-C inside the block (the milliseconds of one ``Process.start``) is lost: blocking
-    it instead would not hold it, since Linux gives a process's signal to any thread that
-    does not block it. Outside the main thread (a cluster node's launcher, in a Ray actor's
-    thread, where no terminal sends Ctrl-C) handlers cannot be set, and the block does
-    nothing.
+    An ignored disposition survives ``exec``; a handler would become Python's default, whose
+    KeyboardInterrupt prints a traceback from a child still starting up. A Ctrl-C inside the
+    block is lost. Outside the main thread (a Ray actor's) it does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -444,12 +381,9 @@ def sigint_ignored() -> Iterator[None]:
 def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
     """Set up a spawned child and turn its failure into a report for the launcher.
 
-    One thread per process (with several processes per core, more threads only fight),
-    SIGINT ignored (the launcher drives shutdown, so Ctrl-C prints no tracebacks from
-    children), the process title set. An exception is sent to the launcher as one line plus
-    its traceback (an ``"error"`` report), and the process exits with code 1 (the launcher
-    restarts it), or `FATAL_EXIT` for a `FatalRunError` or `UsageError` (the launcher stops
-    the run).
+    One thread per process, SIGINT ignored (the launcher drives shutdown), the title set. An
+    exception is reported as an ``"error"`` and the process exits with code 1 (restarted), or
+    `FATAL_EXIT` for a `FatalRunError` or `UsageError` (the run stops).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -468,11 +402,7 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
 
 
 def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
-    """Reject GPU ids that do not exist here (-1 alone means the CPU).
-
-    Args:
-        gpu_ids: the ids asked for.
-        flag: the flag that named them, for the message (``--gpu-id`` in ``gym_eval.py``).
+    """Reject GPU ids that do not exist here (-1 alone means the CPU); `flag` named them.
 
     Raises:
         UsageError: CUDA is unavailable, or an id is out of range.
@@ -499,13 +429,9 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
 
 
 def refuse_folders_named_as(*files: tuple[Path, str]) -> None:
-    """Refuse a command where a folder has the name of a file it saves.
+    """Refuse a command where a folder has the name of a file it saves (``(file, flag)`` pairs).
 
-    The save would fail only at the end (a run's weights, an evaluation's summary), so the
-    command is refused before it starts.
-
-    Args:
-        files: ``(file, flag)``: each file the command saves and the flag naming its folder.
+    The save would fail only at the end, so the command is refused before it starts.
 
     Raises:
         UsageError: naming the folder, its flag and the fix.
@@ -521,9 +447,7 @@ def refuse_folders_named_as(*files: tuple[Path, str]) -> None:
 def check_writable(*folders: tuple[str | Path, str]) -> None:
     """Create each ``(folder, flag)``'s folder if needed and make sure files can be written there.
 
-    A refusal removes the folders this call made for the others (only those: each level is
-    made on its own, so one another process made meanwhile is not taken for ours): a refused
-    command leaves no folder behind.
+    A refused command leaves no folder behind: the folders this call made are removed.
 
     Raises:
         UsageError: one cannot be created or written, naming its flag and the folder.
@@ -559,8 +483,7 @@ def cpu_has_bf16() -> bool:
 def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
     """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
 
-    On the CPU that means oneDNN's bfloat16 kernels (AVX512-BF16 or AMX on x86); on GPUs,
-    compute capability 8.0 or later (`gpu_has_bf16`). Call after `check_gpus`.
+    Call after `check_gpus`.
 
     Raises:
         UsageError: bf16 asked for and not supported here.
@@ -585,10 +508,8 @@ def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
 def gpu_has_bf16(gpu_id: int) -> bool:
     """Native bfloat16 arithmetic (compute capability 8.0+: Ampere, Hopper, ...) on `gpu_id`.
 
-    Reads the device's properties, which creates no CUDA context: the launcher checks every
-    GPU of the run and must not hold ~0.3-0.5 GB on each for the whole run, as a
-    ``torch.cuda.device(gpu_id)`` block around ``is_bf16_supported`` would. T4 (7.5) and
-    V100 (7.0) emulate bf16 slowly and are refused.
+    Reads the device's properties, which creates no CUDA context (that would hold memory on
+    every GPU for the whole run). Older GPUs emulate bf16 slowly and are refused.
     """
     return torch.cuda.get_device_capability(gpu_id) >= (8, 0)
 
@@ -596,8 +517,7 @@ def gpu_has_bf16(gpu_id: int) -> bool:
 def worker_device(gpu_id: int) -> torch.device:
     """The device for `gpu_id` (-1 = CPU), made current before any other CUDA call.
 
-    Setting the device first keeps a process from creating a CUDA context (and holding
-    memory) on GPU 0 when it works on another GPU. A GPU also gets `set_fp32_policy`.
+    Setting the device first keeps a process from holding a CUDA context on GPU 0.
     """
     if gpu_id < 0:
         return torch.device("cpu")
@@ -610,11 +530,9 @@ def worker_device(gpu_id: int) -> torch.device:
 def set_fp32_policy(device: torch.device) -> None:
     """fp32 means fp32 on a GPU: no TF32 in matmuls or cuDNN convolutions and RNNs.
 
-    PyTorch leaves TF32 on for cuDNN by default on Ampere and later, so the fast path's fused
-    ``torch.lstm`` (cuDNN) would run with 10-bit mantissas while the acting ``LSTMCell``
-    (cuBLAS matmuls, TF32 off by default) runs full fp32: the loss would differentiate a
-    slightly different policy from the one that acted. Both off makes the two paths agree.
-    The CPU has no TF32: nothing to set.
+    PyTorch leaves TF32 on for cuDNN, so the fast path's fused ``torch.lstm`` would differ
+    from the acting ``LSTMCell`` (cuBLAS, full fp32): the loss would differentiate another
+    policy than the one that acted. The CPU has no TF32.
     """
     if device.type != "cuda":
         return
