@@ -1,11 +1,4 @@
-"""The command lines of main.py and gym_eval.py: each flag declared once, in a typed config.
-
-Each configuration is a frozen dataclass; each field is one flag, with its short forms and its
-one-line help (CleanRL's ``Args``, with argparse). The flags both scripts take live in
-`CommonConfig` and are declared there only. Every process gets the parsed configuration, never
-the raw command line. Parsing reads no file: under ``--load`` without ``--hidden-size`` the
-width stays None until the run folder's plan reads it from the file (`run_folder.hidden_size`).
-"""
+"""The command lines of main.py and gym_eval.py: each flag declared once, in a typed config."""
 
 from __future__ import annotations
 
@@ -32,24 +25,12 @@ def flag(
     item: type | None = None,
     negatable: bool = False,
 ) -> Any:
-    """A config field that is also a command-line flag ``--field-name``.
-
-    Args:
-        default: the value without the flag. A bool makes an on/off flag; a tuple a list
-            flag (``nargs="+"``) of `item` values.
-        *short: the short forms (the original A3G's, e.g. ``"-l"``).
-        help: the one-line explanation, shown by ``--help``.
-        choices: the values allowed.
-        item: the type of a list flag's values, or of an optional flag's (default None).
-        negatable: a bool flag that also has ``--no-...`` (for defaults that are on).
-    """
+    """A config field that is also a flag ``--field-name``: a bool on/off, a tuple a list."""
     meta = {"short": short, "help": help, "choices": choices, "item": item, "negatable": negatable}
     return field(default=default, metadata=meta)
 
 
-# ----------------------------------------------------------------------------------------------
 # The configurations
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -302,9 +283,7 @@ class EvalConfig(CommonConfig):
     demo_dir: str = flag("demo/", help="where --demo writes")
 
 
-# ----------------------------------------------------------------------------------------------
 # Parsing
-# ----------------------------------------------------------------------------------------------
 
 Config = TypeVar("Config", TrainConfig, EvalConfig)
 
@@ -332,13 +311,7 @@ def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
 def build_parser(
     config_type: type[Config], description: str, prog: str | None = None
 ) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per field of `config_type`, errors in one line.
-
-    Args:
-        config_type: the config dataclass whose fields become the flags.
-        description: the ``--help`` text's first line.
-        prog: the name errors begin with (argparse's default: the running script's name).
-    """
+    """An argparse parser with one flag per field of `config_type`, errors in one line."""
     parser = OneLineParser(prog=prog, description=description)
     for f in fields(config_type):
         assert f.default is not MISSING, f"{f.name} needs a default"
@@ -346,11 +319,10 @@ def build_parser(
     return parser
 
 
+# Fields naming files or folders: a leading ~ is expanded, which a shell leaves in --log-dir=~/x.
 PATH_FLAGS = frozenset(
     {"env_config", "load_model_dir", "save_model_dir", "log_dir", "video_dir", "model", "demo_dir"}
 )
-"""The fields that name files or folders: a leading ``~`` is the home folder, as in a shell
-(which leaves ``--log-dir=~/runs`` as typed; a folder named ``~`` would be made instead)."""
 
 
 def _parse(
@@ -372,16 +344,10 @@ EVAL_DESCRIPTION = "Evaluate a trained A3G model over many greedy games."
 
 
 def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None) -> TrainConfig:
-    """main.py's command line, parsed and checked.
-
-    Args:
-        argv: the flags (default: ``sys.argv[1:]``).
-        prog: the name argparse's errors begin with (default: the running script's name); the
-            benchmarks pass ``main.py`` when they check flags they will hand to main.py.
+    """main.py's command line, parsed and checked (`prog`: the name errors begin with).
 
     Raises:
-        UsageError: every value that cannot work, a line each (argparse's own errors exit
-            with code 2).
+        UsageError: every value that cannot work, a line each.
     """
     config = _parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog)
     _refuse(train_problems(config))
@@ -393,13 +359,10 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
 def parse_eval_args(
     argv: Sequence[str] | None = None, description: str = EVAL_DESCRIPTION
 ) -> EvalConfig:
-    """gym_eval.py's command line, parsed and checked.
-
-    `description` heads ``--help``: a benchmark that takes gym_eval.py's flags says what it
-    does itself.
+    """gym_eval.py's command line, parsed and checked; `description` heads ``--help``.
 
     Raises:
-        UsageError: a value that cannot work (argparse's own errors exit with code 2).
+        UsageError: a value that cannot work.
     """
     config = _parse(EvalConfig, description, argv, None)
     _refuse(eval_problems(config))
@@ -413,11 +376,7 @@ def _refuse(problems: list[str]) -> None:
 
 
 def flag_reference() -> str:
-    """``docs/cli.md``: every flag of main.py and gym_eval.py, from the config fields.
-
-    Generated, never hand-kept: ``python cli.py > docs/cli.md`` after changing a flag (a test
-    fails while the committed file differs from this).
-    """
+    """``docs/cli.md`` from the config fields; ``python cli.py > docs/cli.md`` after a change."""
     lines = [
         "# Command-line flags",
         "",

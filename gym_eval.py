@@ -6,8 +6,7 @@ import signal
 import sys
 
 _INTERRUPTED_WHILE_IMPORTING: list[int] = []
-# A Ctrl-C in the second or two the imports below take is noted, not raised inside them (where
-# it could be lost, or leave numpy half-loaded); an inherited ignored SIGINT stays ignored.
+# A Ctrl-C during the imports is noted, not raised inside them (it could leave numpy half-loaded).
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
 
@@ -68,20 +67,13 @@ from utils import (
 )
 from visualize import write_gif
 
-ATARI_HZ = 60
-"""Emulator frames a second of an Atari game."""
-DEMO_MAX_FRAMES = 1500
-"""Frames a demo keeps at most (a few MB of GIF); a longer game keeps every 2nd, 4th, ... frame."""
-QUIET_TAIL_STEPS = 2000
-"""A game cut by the time limit with no reward in this many last steps is said to have stalled."""
+ATARI_HZ = 60  # emulator frames a second of an Atari game
+DEMO_MAX_FRAMES = 1500  # a demo's frames at most (a few MB of GIF)
+QUIET_TAIL_STEPS = 2000  # a time-limit game with no reward in this many last steps has stalled
 
 
 class EvaluationProcessError(RuntimeError):
-    """A process of a parallel evaluation died or failed (not on a bad input).
-
-    Attributes:
-        details: the failed process's traceback ("" when it died without one).
-    """
+    """A process of a parallel evaluation died or failed; `details` is its traceback, if any."""
 
     def __init__(self, message: str, details: str = ""):
         super().__init__(message)
@@ -93,12 +85,7 @@ class NoGameEnded(KeyboardInterrupt):
 
 
 class VideoRecorder:
-    """Writes one game's frames to an MP4 file with OpenCV (already a dependency).
-
-    The frames go to ``<name>.partial.mp4`` beside the file, renamed to the file by `close`:
-    a game stopped part-way (Ctrl-C, a killed process) never leaves a short video under a
-    game's name, nor a half-written one over an earlier file.
-    """
+    """Writes one game's MP4 as ``<name>.partial.mp4``, renamed by `close`: no cut-short video."""
 
     def __init__(self, path: Path, fps: float):
         self.path = path
@@ -134,12 +121,7 @@ class VideoRecorder:
 
 
 class DemoFrames:
-    """One whole game's screens in at most `cap` frames, at an even pace.
-
-    Every frame is kept until the cap; past it, every other kept frame is dropped and only
-    every `stride`-th screen is kept from then on (the stride doubles each time). A long game
-    is shown whole and plays back at the same speed (`fps` falls with the stride), less smoothly.
-    """
+    """One whole game's screens in at most `cap` frames, at an even pace (see `add`)."""
 
     def __init__(self, steps_per_second: float, cap: int = DEMO_MAX_FRAMES):
         """An empty demo of at most `cap` frames (at least 2), one an agent step at first."""
@@ -152,7 +134,7 @@ class DemoFrames:
         self.seen = 0
 
     def add(self, frame: np.ndarray) -> None:
-        """Offer the next screen of the game."""
+        """Offer the next screen; past the cap every other frame goes and the stride doubles."""
         if self.seen % self.stride == 0:
             self.frames.append(frame)
             if len(self.frames) > self.cap:
@@ -167,24 +149,14 @@ class DemoFrames:
 
 
 def real_time_fps(env_id: str, skip_rate: FrameSkip, env: gym.Env) -> float:
-    """Agent steps per second of the game's own time.
-
-    A recording of one frame a step at this rate plays at the game's speed (Atari: 60 emulator
-    frames a second, 15 steps at a 4-frame skip; others: the env's ``render_fps``, CartPole's
-    50).
-    """
+    """Agent steps per second of the game's own time: a video at this rate plays in real time."""
     if is_atari(env_id):
         return ATARI_HZ / frames_per_step(env_id, skip_rate)
     return float(env.metadata.get("render_fps") or 30)
 
 
 def cut_short(results: list[GameResult]) -> str:
-    """What the summary line says of the games that did not end in a game over ("" if none).
-
-    Games cut by the time limit with no reward in their last `QUIET_TAIL_STEPS` steps or more
-    are counted apart (e.g. Breakout waiting for a FIRE), so an evaluation without
-    ``--stall-steps`` still says how many of its games stalled.
-    """
+    """The summary's note of games not ended by a game over, stalled ones apart ("" if none)."""
     endings = Counter(r.ending for r in results if r.ending != GAME_OVER)
     if not endings:
         return ""
@@ -231,10 +203,7 @@ def recorded_render_mode(args: EvalConfig) -> str | None:
 
 
 def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriticLSTM:
-    """The network for `env` holding `model_path`'s weights.
-
-    Its LSTM is as wide as ``--hidden-size`` says, else as the file's (a CartPole agent
-    trained with ``--hidden-size 64`` plays without the flag).
+    """The network for `env` holding `model_path`'s weights, as wide as the flag or the file.
 
     Raises:
         UsageError: the file is missing or unreadable, or its weights do not fit (`load_weights`).
@@ -246,13 +215,7 @@ def loaded_model(args: EvalConfig, model_path: Path, env: gym.Env) -> ActorCriti
 
 
 def check_playable(args: EvalConfig, model_path: Path) -> int:
-    """Refuse, before anything is written, what would stop the first game.
-
-    An env that cannot be made (or drawn, where the games are recorded), a file that holds no
-    weights for its network.
-
-    Returns:
-        The LSTM hidden size of the network the file was loaded into (for the summary).
+    """Refuse, before anything is written, what would stop the first game; return the LSTM width.
 
     Raises:
         UsageError: the env or the file cannot be played (`load_weights`' line).
@@ -281,20 +244,7 @@ def play_games(
     wrap_env: Callable[[gym.Env], gym.Env] | None = None,
     watch_model: Callable[[ActorCriticLSTM], None] | None = None,
 ) -> None:
-    """Play `games` (game numbers, 1 = the first of the evaluation) one after another here.
-
-    Args:
-        args: the evaluation's flags.
-        model_path: the .dat to play.
-        games: the game numbers this process plays, in order.
-        first_seed: seeds the first game's reset (later games go on from the env's RNG).
-        report: gets each game's number and result as it ends.
-        log: where a demo's file names are logged.
-        should_stop: asked before every step; True ends the game being played and the rest.
-        wrap_env: wraps the played env (outermost) to watch the games; not the ``--render``
-            window's.
-        watch_model: called with the network once it holds the weights (to hook its forward).
-    """
+    """Play `games` (game numbers, 1 = the first of the evaluation) one after another here."""
     stem = env_file_stem(args.env)
     spec = EnvSpec.of(args)
     device = worker_device(args.gpu_id)
@@ -314,9 +264,7 @@ def play_games(
     video_dir = Path(args.video_dir) if args.video_dir else Path(args.log_dir) / "videos"
     fps = real_time_fps(args.env, args.frame_skip, env)  # recordings play at the game's speed
     player = GreedyPlayer(model, env, device)
-    # Each env is seeded at its first game (with --render the window's and the other one
-    # play turns): the first game played with `first_seed`, the other env's with one drawn
-    # from it, so every game of the evaluation is repeatable.
+    # Each env is seeded at its first game, from `first_seed`: every game is repeatable.
     unused_seeds = [first_seed, process_seed(first_seed, 1 << 16)]
     seeded: set[int] = set()  # id() of each env played on so far
     try:
@@ -362,14 +310,10 @@ def play_games(
 
 
 def process_seed(seed: int, process: int) -> int:
-    """The reset seed of process `process`'s first game in an evaluation seeded with `seed`.
-
-    Process 0 keeps `seed` (its first game is a serial evaluation's first game); the others
-    draw theirs from `seed` and their index, so evaluations with neighbouring seeds share no
-    games (``seed + process`` would give process 1 of seed 1 the games of process 0 of seed 2).
-    """
+    """The reset seed of process `process`'s first game in an evaluation seeded with `seed`."""
     if process == 0:
         return seed
+    # Drawn, not seed + process: evaluations with neighbouring seeds then share no games.
     return int(np.random.SeedSequence([seed, process]).generate_state(1)[0])
 
 
@@ -387,12 +331,7 @@ class _QueueLog(logging.Handler):
 def _play_share(
     args: EvalConfig, model_path: Path, games: range, first_seed: int, results: Any, parent: int
 ) -> None:
-    """A process of a parallel evaluation: plays its share, sends each result or its error.
-
-    Ctrl-C is the evaluation's to handle (it stops its processes with SIGTERM, which ends the
-    game under way as a stop does, so its video is discarded); a process also stops by itself
-    when the evaluation is gone (killed), leaving nothing behind.
-    """
+    """A process of a parallel evaluation: plays its share, sends each result or its error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -429,15 +368,10 @@ def play_in_processes(
 ) -> None:
     """Play the evaluation's games in ``--processes`` spawned processes; `report` gets each.
 
-    Game i goes to process (i - 1) mod P, whose first game is seeded with `process_seed`, so
-    an evaluation is repeatable for a given P. Every game started is counted (no bias to short
-    games). A process that fails stops the evaluation with its error.
-
     Raises:
         UsageError: a process hit a bad value (e.g. an unwritable --video-dir).
         gym.error.DependencyNotInstalled: drawing the game needs a package not installed.
-        EvaluationProcessError: a process failed otherwise (its traceback in the message) or
-            died.
+        EvaluationProcessError: a process failed otherwise, or died.
     """
     processes = min(args.processes, args.num_episodes)
     shares = [range(p + 1, args.num_episodes + 1, processes) for p in range(processes)]
@@ -510,11 +444,7 @@ def play_in_processes(
 
 
 def evaluate(args: EvalConfig) -> dict:
-    """Play ``--num-episodes`` greedy games and return the summary (also logged and saved).
-
-    Ctrl-C (or SIGTERM) ends the evaluation early: the games that ended are summarised and
-    saved, the summary marked ``interrupted`` (`NoGameEnded`, logged, when none had ended).
-    """
+    """Play ``--num-episodes`` greedy games; the summary of those that ended, logged and saved."""
     model_path = Path(args.model) if args.model else checkpoint_path(args.load_model_dir, args.env)
     if args.model and not model_path.is_file():
         what = "is a folder" if model_path.is_dir() else "not found"
@@ -651,12 +581,7 @@ def evaluate(args: EvalConfig) -> dict:
 
 
 def replaced_summary(json_path: Path, summary: dict) -> str | None:
-    """What writing `summary` over the evaluation summary at `json_path` loses, if anything.
-
-    Another model's summary, other weights in the same file (a run trained on), or this
-    model's under another protocol, seed, number of games or of processes (which deal the
-    games' seeds) is named; the same evaluation again, or no readable summary, is not.
-    """
+    """What writing `summary` over the evaluation summary at `json_path` loses, if anything."""
     try:
         earlier = json.loads(json_path.read_text())
     except (OSError, ValueError):  # ValueError: not JSON, not text
@@ -689,10 +614,7 @@ def replaced_summary(json_path: Path, summary: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the exit code.
-
-    0 ok, 1 a game process failed, 2 bad input, 130 interrupted by Ctrl-C or SIGTERM.
-    """
+    """Entry point: the exit code (0 ok, 1 a game process failed, 2 bad input, 130 interrupted)."""
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     try:
         args = parse_eval_args(argv)

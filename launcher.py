@@ -1,9 +1,4 @@
-"""The launcher: starts the test process and the workers, supervises them, saves at the stop.
-
-`Launcher.run` starts the children with the shared model and optimizer ``main.prepare``
-built, restarts the dead, and at the stop saves the weights, the training state and the run
-record. A cluster runs its pieces with it too: what differs is passed in.
-"""
+"""The launcher: starts the test process and the workers, supervises them, saves at the stop."""
 
 from __future__ import annotations
 
@@ -42,11 +37,7 @@ from visualize import plot_curve
 
 @dataclass(frozen=True)
 class Child:
-    """One process the launcher starts and supervises: a training worker, or the test process.
-
-    Attributes:
-        rank: the training worker's rank; None for the test process.
-    """
+    """One process the launcher supervises: training worker `rank`, or the test process (None)."""
 
     rank: int | None = None
 
@@ -62,13 +53,7 @@ class Child:
 
 
 class Launcher:
-    """Starts the test process and the workers, supervises them, restarts the dead, shuts down.
-
-    A cluster's node runs its Hogwild pool with one (``test_process=False``: no test process,
-    no files), and its driver the test process and the run's files (``workers=0``: the steps
-    come from the nodes); `cluster.py` adds the synchronisation through `on_poll`, called on
-    every supervision round, and `before_shutdown`.
-    """
+    """Starts the test process and the workers, supervises them, restarts the dead, shuts down."""
 
     JOIN_SECONDS = 10.0
     POLL_SECONDS = 0.25
@@ -91,30 +76,10 @@ class Launcher:
         earlier_logs: Path | None = None,
         resumed_steps: int | None = None,
     ):
-        """Hold what the children get; nothing starts and no file is written until `run`.
-
-        Args:
-            config: the run's configuration.
-            paths: the run's files.
-            spec: how the children build their envs.
-            shared_model: the shared-memory model.
-            optimizer: the shared optimizer (None: each worker has its own).
-            observation_shape: one observation's shape (for the TensorBoard graph).
-            tensorboard_dir: the run's TensorBoard folder, also its name in the log.
-            resumed: the training state this run continues, if any.
-            test_process: start the test process and write the run's files (state, record,
-                TensorBoard, curve); a cluster node's pool does neither.
-            workers: how many training workers to start here (default ``--workers``).
-            extra_slots: step-counter slots beyond the workers' (a cluster node writes the
-                other nodes' steps there, so its workers see the cluster's total).
-            earlier_logs: the resumed sittings' ``--log-dir``, where it is another
-                (`earlier_log_dir`): the run record goes on from theirs.
-            resumed_steps: the steps this sitting resumed from, for the children's seeds
-                (`ProcessStart`; default: those of `resumed`, else 0).
-        """
+        """Hold what the children get; nothing starts and no file is written until `run`."""
         self.test_process = test_process
         self.workers = config.workers if workers is None else workers
-        self.on_poll: Callable[[], None] | None = None
+        self.on_poll: Callable[[], None] | None = None  # cluster.py's hooks
         self.before_shutdown: Callable[[], None] | None = None
         self.config = config
         self.paths = paths
@@ -124,8 +89,7 @@ class Launcher:
         self.tensorboard_dir = tensorboard_dir
         self.resumed = resumed
         self.earlier_logs = earlier_logs
-        self.log_dir = str(Path(config.log_dir).resolve())  # for the state (once: the working
-        # directory may be gone by a later save)
+        self.log_dir = str(Path(config.log_dir).resolve())  # now: the cwd may be gone by a save
         self.log = logging.getLogger("a3g.main")
         self.stop_reason = ""
         self.failed = False
@@ -140,7 +104,7 @@ class Launcher:
             steps=0 if resumed is None else resumed.steps,
             elapsed=0.0 if resumed is None else resumed.elapsed,
             skipped=0 if resumed is None else resumed.skipped_updates,
-            slots=max(self.workers, 1) + extra_slots,
+            slots=max(self.workers, 1) + extra_slots,  # extra: a cluster's other nodes' steps
         )
         self.channels = ReportChannels(self.mp)
         self.children = [
@@ -168,8 +132,7 @@ class Launcher:
         )
         if resumed is not None:
             self.monitor.restore(resumed)
-        # The score of <env>.dat the last state save wrote (or tried to: a failed one waits
-        # for the next --state-interval, not the next poll).
+        # <env>.dat's score as the last state save wrote it (or tried to: no retry every poll).
         self.state_dat_score = self.monitor.dat_score
 
     def drain_reports(self, child: Child | None = None) -> None:
@@ -197,19 +160,14 @@ class Launcher:
             tensorboard_dir=self.tensorboard_dir,
             config=as_dict(self.config),
             saved_at=time.time(),
-            # Without --save-max every game replaces <env>.dat: a score saved here would be
-            # stale by the next game, and a resume with --save-max would trust it.
+            # Without --save-max every game replaces <env>.dat: a score saved here goes stale.
             dat_score=self.monitor.dat_score if self.config.save_max else None,
             dat_trained=self.monitor.dat_trained if self.config.save_max else None,
             log_dir=self.log_dir,
         )
 
     def save_state(self) -> bool:
-        """Write the training-state file atomically; a failure is logged and the old file kept.
-
-        Returns:
-            Whether it was written.
-        """
+        """Write the training-state file atomically (a failure is logged); whether it was."""
         state = self.training_state()
         self.state_dat_score = state.dat_score
         try:
@@ -223,24 +181,15 @@ class Launcher:
         return True
 
     def state_due(self) -> bool:
-        """Whether to write the training state now.
-
-        Every ``--state-interval`` seconds, and at once after a ``--save-max`` run saved a new
-        best test game's weights: a resume takes the score a game must match to replace
-        ``<env>.dat`` from the state, and one written before (a crash in between) would let
-        a worse game replace the best weights.
-        """
+        """Whether to write the training state: every ``--state-interval``, and at a new best."""
         if self.config.state_interval <= 0 or self.trained_nothing():
             return False
+        # A resume's --save-max bar comes from the state: a stale one lets a worse game win.
         new_best = self.config.save_max and self.monitor.dat_score != self.state_dat_score
         return new_best or time.monotonic() >= self.next_state_save
 
     def process_target(self, child: Child, ctx: ProcessContext) -> tuple[Any, tuple]:
-        """The entry point and arguments of `child`, with the latest normaliser statistics.
-
-        Its `ProcessStart` is the next of its starts: a restart's or a resumed sitting's
-        draws seeds of its own.
-        """
+        """The entry point and arguments of `child`'s next start, with the latest normalisers."""
         monitor = self.monitor
         start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
         if child.is_test:
@@ -278,13 +227,7 @@ class Launcher:
         self.processes[child] = proc
 
     def supervise(self) -> None:
-        """Wait until a signal, the step budget, the workers' end or a failure; restart the dead.
-
-        A child that dies is reported with its name, pid and cause, and started again (it
-        takes the latest shared weights at its next rollout). A child that dies more than
-        `RESTART_LIMIT` times within `RESTART_WINDOW` seconds, or fails with an error no
-        restart can fix (exit code `FATAL_EXIT`), stops the run.
-        """
+        """Wait until a signal, the step budget, the workers' end or a failure; restart the dead."""
         while not self.ctx.stopping():
             for child, proc in list(self.processes.items()):
                 if proc.exitcode not in (None, 0) and not self._handle_death(child, proc):
@@ -349,14 +292,7 @@ class Launcher:
         return True
 
     def trained_nothing(self) -> bool:
-        """Whether this is a fresh run stopped before its first step: nothing to save.
-
-        Its weights are the random ones it began with, which must not replace a ``<env>.dat``
-        there (the shipped agent, in the default ``trained_models/``), and a training state of
-        them would only refuse the next fresh run. A run that loaded weights, and a cluster's
-        driver, save as ever. From the stop on, the answer the stop found: a rollout the
-        workers count while they stop does not make its weights worth saving over a ``.dat``.
-        """
+        """Whether this is a fresh run stopped before its first step: no random weights saved."""
         if self.stopped_untrained is not None:
             return self.stopped_untrained
         trains_here = self.test_process and self.workers > 0
@@ -398,15 +334,11 @@ class Launcher:
         self.state_saved = self.save_state()
 
     def stop_children(self) -> None:
-        """Ask every child to stop and wait for it (terminate, then kill, the slow ones).
-
-        The children's last reports are read while they are waited for: a child blocked on
-        a full pipe would otherwise never exit.
-        """
+        """Ask every child to stop and wait for it (terminate, then kill, the slow ones)."""
         self.ctx.request_stop()
         deadline = time.monotonic() + self.JOIN_SECONDS
         while time.monotonic() < deadline:
-            self.drain_reports()
+            self.drain_reports()  # a child blocked on a full pipe would never exit
             if not any(proc.is_alive() for proc in self.processes.values()):
                 break
             time.sleep(0.05)
@@ -441,15 +373,11 @@ class Launcher:
             proc.join(max(0.0, deadline - time.monotonic()))
 
     def weights_left(self) -> set[Path]:
-        """The files of weights this run left, for its record to name (`RunMonitor.close`).
-
-        Under ``--save-max`` only the test games write ``<env>.dat``: it is this run's where
-        its score is known (a game of this sitting or of the sittings resumed saved it), else
-        another's found in the folder (no game saved yet), which the record must not claim.
-        """
+        """The files of weights this run left, for its record to name (`RunMonitor.close`)."""
         if self.trained_nothing():  # nothing saved: no test game saves untrained weights
             return set()
         left = {self.paths.final_model, self.paths.state}
+        # Under --save-max, <env>.dat is this run's only where its score is known.
         if not self.config.save_max or self.monitor.dat_score is not None:
             left.add(self.paths.model)
         return left
@@ -486,8 +414,7 @@ class Launcher:
         """Start the run record and TensorBoard (`RunMonitor.open`), once, before any child.
 
         Raises:
-            UsageError: they cannot be written (a full disk): nothing has started, and the
-                record of the sittings before is as it was.
+            UsageError: they cannot be written (a full disk); nothing has started.
         """
         if self.monitor.record:
             return
@@ -567,9 +494,8 @@ class Launcher:
         return exit_code
 
 
+# Begins the shutdown's line: later status lines make no frames (the benchmarks stop there).
 STOPPING = "stopping: "
-"""How the line that starts a run's shutdown begins: status lines after it count the
-shutdown's seconds, when no frames are made (the benchmarks read frames/s before it)."""
 
 
 def describe_devices(gpu_ids: tuple[int, ...]) -> str:

@@ -1,9 +1,7 @@
 """A3G: parse the configuration, plan the run folder, build and share the model, run.
 
-``python main.py --env PongNoFrameskip-v4 --workers 32``: `prepare` checks everything that can
-fail on bad input before any process starts (the run folder's plan, the env, the file
-``--load`` resumes), builds the shared-memory model and optimizer, and hands them to the
-`launcher.Launcher`, which starts the test process and the workers and saves at the stop.
+`prepare` checks all that can fail on bad input before any process starts, builds the
+shared-memory model and optimizer, and hands them to the `launcher.Launcher`.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ import signal
 import sys
 
 _INTERRUPTED_WHILE_IMPORTING: list[int] = []
-# A Ctrl-C in the second or two the imports below take is noted, not raised inside them (where
-# it could be lost, or leave numpy half-loaded); an inherited ignored SIGINT stays ignored.
+# A Ctrl-C during the imports is noted, not raised inside them (it could leave numpy half-loaded).
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, lambda signum, frame: _INTERRUPTED_WHILE_IMPORTING.append(signum))
 
@@ -43,15 +40,8 @@ from utils import (
 def prepare(config: TrainConfig, cluster: bool = False) -> Launcher:
     """Everything before the first process starts; all that can fail on bad input fails here.
 
-    Args:
-        config: the run's configuration.
-        cluster: for a cluster's driver: no workers here and so no optimizer (each node keeps
-            its own statistics).
-
     Raises:
-        UsageError: a bad GPU id, an unwritable folder, a bad ``config.json`` or env id, an
-            unfit file to ``--load``, an earlier run's training state that this run would not
-            resume from (no ``--load``, or one from another folder).
+        UsageError: a bad GPU id, folder, env, file to --load, or a state it would not resume.
     """
     log = logging.getLogger("a3g.main")
     check_gpus(config.gpu_ids)
@@ -91,12 +81,7 @@ STOPPED_BEFORE_TRAINING = "main.py: stopped before training started"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the process exit code.
-
-    0 ok (also a run stopped by Ctrl-C or SIGTERM); 1 a process failed or a final save
-    (weights, training state, run record) did not happen; 2 bad input; 130 stopped before
-    any process started.
-    """
+    """Entry point: 0 ok or stopped, 1 a failure or lost save, 2 bad input, 130 stopped early."""
     logging.basicConfig(format="%(asctime)s : %(message)s", level=logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:

@@ -22,8 +22,7 @@ from run_folder import chained_record
 from shared_optim import scheduled_lr
 from utils import ProcessContext, format_elapsed
 
-TENSORBOARD_SECONDS = 20.0
-"""How often TensorBoard gets the training figures when ``--status-interval 0`` prints none."""
+TENSORBOARD_SECONDS = 20.0  # --status-interval 0's; not every poll: histograms would take GBs
 
 
 def versions() -> dict[str, str]:
@@ -78,12 +77,7 @@ def git_commit() -> str | None:
 
 
 class RunMonitor:
-    """The launcher's view of a run: TensorBoard, the terminal status line, the run record.
-
-    Workers and the test process send small summaries through their report pipes; the
-    launcher hands each to `take`, and this one place averages them and writes, so no worker
-    ever waits on a disk.
-    """
+    """The launcher's view of a run, written here from the reports: no worker waits on a disk."""
 
     def __init__(
         self,
@@ -96,18 +90,7 @@ class RunMonitor:
         paths: RunPaths,
         tensorboard_dir: str,
     ):
-        """Prepare; nothing is written until `open`.
-
-        Args:
-            config: the run's configuration (all of it goes in the run record).
-            model: the shared model (its graph and weight histograms go to TensorBoard).
-            observation_shape: one observation's shape, for the model graph.
-            frames_per_step: raw frames per agent step (a random skip's mean).
-            ctx: the counters and report queue shared with the children.
-            log: where status lines go.
-            paths: the run's files (the run record).
-            tensorboard_dir: the run's TensorBoard folder (used with ``--tensorboard-logger``).
-        """
+        """Prepare; nothing is written until `open`."""
         self.config = config
         self.model = model
         self.observation_shape = observation_shape
@@ -140,21 +123,11 @@ class RunMonitor:
         weights_from: str | None = None,
         earlier_record: Path | None = None,
     ) -> None:
-        """Open the TensorBoard run (with the model graph) and write the run record.
-
-        A resumed run (`resumed_from` names the training-state file) keeps the records of the
-        runs before it under ``previous_runs``; so does a run that went on from a ``.dat``
-        alone (`weights_from`, e.g. on a new machine), whose counts start afresh
-        (`run_totals` starts a new chain there). They are read from this ``--log-dir``'s
-        record, or where it has none, from `earlier_record` (the state's run wrote its record
-        in another ``--log-dir``; read, never moved).
-        """
+        """Open TensorBoard and write the run record, chained to the earlier sittings' records."""
         if self.config.tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
 
-            # A run resumed from a state older than its last events (it was killed between
-            # two state saves) drops the events of the stretch it trains again, as the
-            # curve drops those games (`visualize.parse_log`).
+            # A resume drops the events of a stretch it trains again, as the curve drops the games.
             purge = self.frames if resumed_from is not None else None
             self.writer = SummaryWriter(log_dir=self.tensorboard_dir, purge_step=purge)
             hx, cx = self.model.initial_state(1)
@@ -261,10 +234,7 @@ class RunMonitor:
         self._to_tensorboard(write)
 
     def _to_tensorboard(self, write: Callable[[Any], None]) -> None:
-        """`write(writer)` to TensorBoard, if on; a failed write (disk full) turns it off.
-
-        TensorBoard is a view of the run: losing it must not stop the training or the saves.
-        """
+        """`write(writer)` to TensorBoard, if on; a failed write turns it off, not the run."""
         if self.writer is None:
             return
         try:
@@ -283,14 +253,7 @@ class RunMonitor:
         return sum(recent) / len(recent) if recent else math.nan
 
     def tick(self, force: bool = False, final: bool = False) -> None:
-        """Every ``--status-interval`` seconds: training scalars, histograms, a status line.
-
-        `force`: now, whenever the last was; `final`: the run's closing line.
-
-        With ``--status-interval 0`` (no status lines) TensorBoard still gets its training
-        figures, every `TENSORBOARD_SECONDS` (histograms of every weight at each poll would
-        keep the launcher busy and grow the event file by gigabytes).
-        """
+        """Every ``--status-interval`` seconds (`force`: now): training scalars, a status line."""
         now = time.time()
         if not force and now - self.last_tick < (self.interval or TENSORBOARD_SECONDS):
             return
@@ -319,11 +282,7 @@ class RunMonitor:
         writer.flush()
 
     def status_line(self, now: float, steps: int, final: bool = False) -> str:
-        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``.
-
-        Until the first rollout is counted it says the workers are starting (except on the
-        `final` line).
-        """
+        """``status 00h 05m 12s | steps 1,234 | frames 4,936 | 2,345 frames/s | test ...``."""
         clock = format_elapsed(now - self.ctx.start_time)
         if self.rewards:
             test = (
@@ -342,11 +301,7 @@ class RunMonitor:
         )
 
     def close(self, stop_reason: str, exit_code: int, weights: Sequence[Path] = ()) -> None:
-        """Final scalars, close TensorBoard, complete the run record.
-
-        The record keeps the SHA-256 of each of the `weights` files the run leaves (those
-        that exist), so an evaluation can tell this run's weights from others of that name.
-        """
+        """Final scalars, close TensorBoard, complete the run record (with `weights`' SHA-256)."""
         self.tick(force=True, final=True)
         self._to_tensorboard(lambda writer: writer.close())
         elapsed = time.time() - self.ctx.start_time

@@ -1,15 +1,8 @@
 """The run folder: what a run may do with ``--save-model-dir`` and ``--log-dir``, decided once.
 
-`plan` reads the folders and the file ``--load`` resumes from and decides, writing nothing:
-the refusals (another live run there, an earlier run's state this run would write over, a
-state that does not fit), the warnings, the training state to resume, the TensorBoard folder.
-`load` puts the state's weights and optimizer statistics (or the ``.dat`` alone) into the
-built model; `apply` makes the folders, takes their locks and says the warnings.
-
-The run record's chain of sittings lives here too: which earlier record a sitting's record
-goes on from (`chained_record`), the sittings behind a file of weights (`up_to_weights`), a
-whole run's frames and time (`run_totals`), and what an evaluation says of its model's
-training (`training_record`).
+`plan` decides and writes nothing (refusals, warnings, the state to resume, the TensorBoard
+folder); `load` fills the built model; `apply` makes the folders and takes their locks. The run
+record's chain of sittings lives here too (`chained_record`, `run_totals`, `training_record`).
 """
 
 from __future__ import annotations
@@ -52,37 +45,20 @@ from visualize import RUN_ID
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run does with its folders, decided before anything is written.
-
-    Attributes:
-        env: the run's env id (its files' and locks' name).
-        hidden_size: the LSTM width the run builds (`hidden_size`).
-        folders: ``--save-model-dir`` and ``--log-dir`` as typed, each with its flag.
-        paths: the run's files.
-        state: the training state ``--load`` resumes from (read, not yet loaded); None for
-            a fresh run or one that loads the ``.dat`` alone. Its ``dat_score`` is None
-            where the ``<env>.dat`` it scored is not this folder's.
-        tensorboard_dir: the run's TensorBoard folder (a resumed run's own), also its name.
-        earlier_logs: the resumed sittings' ``--log-dir``, where it is another.
-        warnings: what `apply` logs: files this run writes over, a score not known.
-    """
+    """What a run does with its folders, decided before anything is written."""
 
     env: str
     hidden_size: int
     folders: tuple[tuple[str, str], ...]
     paths: RunPaths
-    state: TrainingState | None
+    state: TrainingState | None  # what --load resumes, read; dat_score None if not this .dat's
     tensorboard_dir: str
-    earlier_logs: Path | None
+    earlier_logs: Path | None  # the resumed sittings' --log-dir, where it is another
     warnings: tuple[str, ...]
 
 
 def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
     """Decide what the run does with its folders; reads files, writes none.
-
-    Args:
-        config: the run's configuration.
-        cluster: a cluster's driver, which keeps no optimizer (the nodes keep theirs).
 
     Raises:
         UsageError: another live run in a folder, a folder where a file is saved, an earlier
@@ -101,9 +77,7 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
     resumes_it = same_file(paths.state, paths.load_state)  # the state --load would read
     # os.path.exists: False for a folder that cannot be read, which check_writable names.
     if os.path.exists(paths.state) and not (config.load and resumes_it):
-        # A forgotten --load (or one that reads another folder) would write a fresh model over
-        # a long run's weights and its training state within seconds: the one thing a resume
-        # cannot come back from.
+        # A forgotten --load would write a fresh model over a long run's weights within seconds.
         resume = f"--load-model-dir {config.save_model_dir}"
         if not config.load:
             resume = "--load" if resumes_it else f"--load {resume}"
@@ -133,9 +107,7 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
             f"resume: the sitting before logged to {earlier_logs}; {paths.log} goes on without "
             "its test games (they stay in that folder's log)"
         )
-    # A resumed run goes on in its TensorBoard folder, found by name under this run's
-    # --log-dir (the saved path may be relative to another working directory, or another
-    # --log-dir's, where the log and the run record no longer are).
+    # A resume's TensorBoard folder, by name here: the saved path may be relative to another cwd.
     tensorboard_dir = str(
         paths.runs / Path(state.tensorboard_dir).name
         if state is not None and state.tensorboard_dir
@@ -162,8 +134,7 @@ def read_state(path: Path, config: TrainConfig, statistics: bool) -> TrainingSta
     """The training state at `path`, checked to fit this run; `statistics`: they are restored.
 
     Raises:
-        UsageError: an unreadable file, or one saved for another game, frame skip or
-            optimizer, or at or past ``--max-steps``.
+        UsageError: an unreadable file, or one that does not fit this run.
     """
     state = TrainingState.load(path)
     where = str(path)
@@ -218,8 +189,7 @@ def overwrite_warnings(
             f"{config.save_model_dir} continues from it, another --save-model-dir keeps it"
         )
     elif config.save_max and config.load and paths.model.exists():
-        # Weights alone carry no test games, and a run without --save-max keeps no score of
-        # its file: the best to beat starts at nothing.
+        # Weights alone carry no score, nor does a run without --save-max: any game beats it.
         if state is None:
             why = "no training state"
         elif not state.config.get("save_max"):
@@ -250,9 +220,7 @@ def load(
 ) -> None:
     """``--load``: the state's weights and optimizer statistics into `model` and `optimizer`.
 
-    Without a state, the ``.dat`` alone. The optimizer keeps this command line's settings (a
-    new ``--lr`` is used, and said). `cluster`: the driver of a cluster run, whose nodes keep
-    their own statistics (the log says so).
+    Without a state, the ``.dat`` alone. The optimizer keeps this command line's settings.
 
     Raises:
         UsageError: a missing or unfit file.
@@ -312,9 +280,7 @@ def load(
 
 
 def apply(run: RunPlan, log: logging.Logger) -> None:
-    """Make the run's folders, take their locks, say the plan's warnings.
-
-    Only once every check has passed: a bad input stays one line and leaves no folder behind.
+    """Make the run's folders, take their locks, say the warnings: once every check has passed.
 
     Raises:
         UsageError: a folder that cannot be made or written, or another run took it meanwhile.
@@ -333,19 +299,7 @@ def log_changed_settings(
     log: logging.Logger,
     said: Iterable[str] = (),
 ) -> None:
-    """Log each flag this sitting sets otherwise than the state's, and the lr where it moves.
-
-    A resumed run takes this command line's settings. Some change the training without a
-    flag saying so: a larger ``--max-steps`` under ``--lr-schedule linear`` raises the lr
-    from where the schedule stood (0.1x ``--lr`` at 9M of 10M steps, 0.55x with 20M).
-
-    Args:
-        saved: the configuration the training state was saved with.
-        config: this sitting's.
-        steps: the step the state was saved at.
-        log: where to say it.
-        said: settings already logged (the optimizer's), left out here.
-    """
+    """Log each flag this sitting changes from the state's (but `said`), and the lr if it moves."""
     left_out = {"load", "load_model_dir", *said}  # how it resumed, not what it trains
     changed = [
         f"--{key.replace('_', '-')} {saved[key]} -> {value}"
@@ -375,15 +329,10 @@ def same_file(path: Path, other: Path) -> bool:
 
 
 def earlier_log_dir(resumed: TrainingState | None, log_dir: str) -> Path | None:
-    """The ``--log-dir`` of the sittings a resumed state comes from, where it is another.
-
-    The state keeps the path absolute and as typed (older states: as typed only).
-    """
+    """The ``--log-dir`` of the sittings a resumed state comes from, where it is another."""
     if resumed is None:
         return None
-    # As saved (absolute) and as typed (relative to the working directory: a run folder moved
-    # or copied whole is resumed with the same relative flags): either names this one, or
-    # the first that exists is the other (the first, which is not there, where none does).
+    # As saved (absolute) and as typed (a folder moved whole): the first that exists, if another.
     saved = [Path(path) for path in (resumed.log_dir, resumed.config.get("log_dir")) if path]
     if not saved or any(same_file(path, Path(log_dir)) for path in saved):
         return None
@@ -391,12 +340,7 @@ def earlier_log_dir(resumed: TrainingState | None, log_dir: str) -> Path | None:
 
 
 def new_run_name(stem: str, paths: RunPaths) -> str:
-    """A fresh run's name: its TensorBoard folder, and its identity in the log and the record.
-
-    The env and the start time to the second, with ``-2``, ``-3`` ... where a run in the same
-    ``--log-dir`` already has that name (started in the same second): two runs of one name
-    would be read as one in the log (the curve) and in the records (a resume's sittings).
-    """
+    """A fresh run's name: env and start time, ``-2`` ... if taken (one name reads as one run)."""
     name = f"{stem}_{time.strftime('%Y%m%d-%H%M%S')}"
     taken = {p.name for p in paths.runs.glob(f"{name}*")}
     with contextlib.suppress(OSError):  # an unreadable log is said when the run opens it
@@ -417,13 +361,10 @@ def new_run_name(stem: str, paths: RunPaths) -> str:
     return unique
 
 
-# ----------------------------------------------------------------------------------------------
 # The run record's chain of sittings
-# ----------------------------------------------------------------------------------------------
 
 
-SET_ASIDE = ("earlier_run", "another_run", "whole")
-"""The suffixes of run records a run set aside rather than write over (`chained_record`)."""
+SET_ASIDE = ("earlier_run", "another_run", "whole")  # suffixes of the records set aside
 
 
 def has_finished(sitting: dict[str, Any]) -> bool:
@@ -433,12 +374,7 @@ def has_finished(sitting: dict[str, Any]) -> bool:
 
 
 def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The sittings of a run record, oldest first, up to the last one that finished.
-
-    A record is read while its run goes on (an evaluation of the last weights, say): the
-    sitting still running, and any that crashed after the last finished one, left nothing in
-    those weights. Where no sitting finished, all of them.
-    """
+    """A record's sittings, oldest first, to the last that finished (later ones left no weights)."""
     sittings = [*(record.get("previous_runs") or []), record]
     sittings = [sitting for sitting in sittings if isinstance(sitting, dict)]
     ends = [i for i, sitting in enumerate(sittings) if has_finished(sitting)]
@@ -448,17 +384,10 @@ def counted_sittings(record: dict[str, Any]) -> list[dict[str, Any]]:
 def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] | None:
     """The record as it stood when its run left the weights of SHA-256 `digest`.
 
-    The first sitting whose ``weights_sha256`` holds `digest` (the one that wrote those bytes:
-    a ``--save-max`` run's ``<env>.dat`` may stay the same over later sittings), with the
-    sittings before it as its ``previous_runs``, so `run_totals` counts the training in those
-    weights only; a ``--save-max`` ``<env>.dat`` counts that sitting up to where its weights
-    were taken (``finished.training_in``, set as the sitting's ``counted_to``), not to its
-    end. The record itself where no sitting names its weights (an older record) or where the
-    last sitting has not finished (still running, or killed: the weights on disk may be its
-    own, which it has not named yet). Weights no sitting names in a record whose first
-    sittings name none (older ones, the later ones newer) may be theirs: the record up to the
-    last of those. None where every sitting
-    finished and none could have left `digest`: other weights.
+    The first sitting that names `digest`, with those before it, so `run_totals` counts only
+    the training in those weights (a ``--save-max`` ``<env>.dat`` up to ``training_in``). The
+    record itself where no sitting names weights or the last has not finished; None where no
+    sitting could have left `digest`.
     """
     sittings = counted_sittings(record)
     named = [
@@ -487,20 +416,7 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
 
 
 def run_totals(record: dict[str, Any]) -> dict[str, Any]:
-    """Frames and seconds of a whole run from its record, every sitting in `previous_runs` too.
-
-    A sitting resumed from its training state (``resumed_from`` set) goes on counting, so its
-    figures include the sittings before it; one started afresh (the first, or one started from
-    a ``.dat`` alone on a new machine) counts from 0. The run's totals are the sum of the last
-    figures of each such chain of sittings. A sitting that never finished adds nothing, and
-    those after the last one that finished (a sitting still running while an evaluation reads
-    the record) are not counted at all: their training is not in the weights being described.
-
-    Returns:
-        ``frames`` and ``seconds`` (None where no sitting finished), ``sittings`` (counted
-        from the first to the last that finished; all of them where none did) and
-        ``restarts`` (sittings among those that started afresh after the first).
-    """
+    """Frames and seconds of a whole run: the last figures of each chain of resumed sittings."""
     sittings = counted_sittings(record)
     chains: list[dict[str, Any]] = []
     for sitting in sittings:
@@ -527,22 +443,7 @@ def chained_record(
     weights_from: str | None = None,
     earlier_record: Path | None = None,
 ) -> dict[str, Any] | None:
-    """The record of the sittings a new sitting's record goes on from (its ``previous_runs``).
-
-    A run resumed from its state (`resumed_from`): its own record (`_this_runs_record`). One
-    started from a ``.dat`` alone (`weights_from`): the record found here up to those weights
-    (`_record_of_weights`). A run afresh: None, and an earlier run's record here is kept aside.
-    Files kept aside are renamed, never written over, and each is said on `log`.
-
-    Args:
-        record_path: this sitting's run record (``<log-dir><env>_run.json``).
-        run: the run's name (its TensorBoard folder's), which a resume keeps.
-        log: where the warnings go.
-        resumed_from: the training state the sitting resumed from.
-        weights_from: the ``.dat`` a sitting started from alone.
-        earlier_record: the record in the ``--log-dir`` of the sittings resumed, where it is
-            another.
-    """
+    """The record a new sitting's goes on from (``previous_runs``); one in the way is set aside."""
     if resumed_from is not None:
         return _this_runs_record(record_path, run, earlier_record, log)
     if weights_from is not None and record_path.exists():
@@ -558,15 +459,7 @@ def chained_record(
 def _this_runs_record(
     record_path: Path, run: str, earlier_record: Path | None, log: logging.Logger
 ) -> dict[str, Any] | None:
-    """The record of a run resumed from its state: this ``--log-dir``'s, else `earlier_record`.
-
-    Only a record of this run: one naming the same TensorBoard folder (the run's name, which
-    a resume keeps; a record that names none is taken as before). Where both are,
-    `earlier_record`: the state's sitting wrote it, so it is the latest (this folder's is
-    older where the run went on elsewhere and came back). Another run's record here (the
-    folder held one) is kept aside, not chained in nor written over; this run's, kept aside
-    when another run started afresh here, is found there.
-    """
+    """A resumed run's own record (its TensorBoard folder's): `earlier_record`, else this one."""
     own = record_path
     found = []
     for path in (earlier_record, own):
@@ -600,12 +493,7 @@ def _this_runs_record(
 def _set_aside_record(
     record_path: Path, run: str, folders: list[Path], log: logging.Logger
 ) -> dict[str, Any] | None:
-    """The latest record of the run named `run` set aside in `folders` (`_set_aside`).
-
-    Where another run started or resumed in this run's ``--log-dir`` it moved this run's
-    record aside (``.earlier_run``, ``.another_run``; ``.whole`` by a start from a
-    ``.dat`` alone); the one written last is the latest.
-    """
+    """The latest record of the run named `run` that another run set aside in `folders`."""
     latest: tuple[float, Path, dict[str, Any]] | None = None
     name = record_path.name
     for folder in folders:
@@ -631,14 +519,7 @@ def _set_aside_record(
 def _record_of_weights(
     record_path: Path, weights: Path, log: logging.Logger
 ) -> dict[str, Any] | None:
-    """This ``--log-dir``'s record as it stood when its run left `weights` (`up_to_weights`).
-
-    A run started from a ``.dat`` alone goes on from the record found here (copied over
-    with the file, from another machine), but only from the sittings behind those
-    weights: a record that names other weights (another run's) is kept aside, not
-    chained in; one whose later sittings trained on past them is chained up to the
-    sitting that wrote them, the whole file kept aside (both said).
-    """
+    """This ``--log-dir``'s record up to the sitting that left `weights` (others' aside)."""
     own = record_path
     previous = _earlier_record(own, record_path, log)
     if previous is None:
@@ -705,28 +586,7 @@ def set_aside(path: Path, suffix: str) -> str:
 def training_record(
     log_dir: str, model_path: Path, digest: str | None, log: logging.Logger | None = None
 ) -> dict | None:
-    """What the run record in `log_dir` says about how the model was trained, if present.
-
-    The record is ``<log-dir><stem>_run.json`` for ``<stem>.dat``: the run that wrote
-    `model_path`, whichever env the evaluation plays; a ``<env>_last.dat`` (the shutdown save
-    of a ``--save-max`` run) and a training state ``<env>_state.pt`` have their run's
-    ``<env>_run.json``. Frames and seconds are the
-    whole run's, every sitting of it together (`run_totals`); ``command`` is its first
-    sitting's and ``commands`` every sitting's in order (the later ones resumed it with
-    ``--load``, some with other flags: a new lr, another precision on another machine), up to
-    the last that finished (`counted_sittings`: one still running is not counted).
-    Where the record names the weights its sittings left (SHA-256), only the sittings up to
-    the one that left the model's bytes count, and a record of other weights (a record copied
-    beside another model of that name) is left out, with a warning on `log`; older records
-    are taken by the file name alone. A record this version cannot read is left out (with a
-    warning on `log`): it never stops an evaluation.
-
-    Args:
-        log_dir: the evaluation's ``--log-dir``, where the record is looked for.
-        model_path: the model file evaluated.
-        digest: the SHA-256 of its bytes as the evaluation read them (None: unknown).
-        log: where the warnings go (none without it).
-    """
+    """How the model of SHA-256 `digest` was trained, from its run's record (bad: None, warned)."""
     path = Path(log_dir) / f"{model_path.stem}_run.json"
     for suffix in (LAST_SAVE_SUFFIX, STATE_SUFFIX):
         if not path.exists() and model_path.stem.endswith(suffix):

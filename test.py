@@ -46,38 +46,10 @@ def run_test(
     steps_at_start: int,
     start: ProcessStart = FIRST_START,
 ) -> None:
-    """Play greedy games with the latest shared weights until the launcher says stop.
-
-    After each game (`player_util.GreedyPlayer`: to a real game over, the time limit or
-    ``--stall-steps`` without a reward): log the game (the original's line plus total steps,
-    frames and frames/s, and why it ended if not by a game over), save
-    ``<save-model-dir><env>.dat`` (every game; with ``--save-max`` one that matches or beats
-    the score of the weights in it), report it to the launcher (which writes TensorBoard and
-    keeps that score for a resume), then wait ``--test-interval`` seconds and reload the
-    weights. A lost life continues the same game. A failed save is logged and the previous
-    file stays; testing goes on.
-
-    Args:
-        config: the run's configuration (all of it is logged first).
-        spec: how to build its env.
-        paths: the run's files (the log, the ``.dat``).
-        run_dir: the run's TensorBoard folder, logged with the arguments: it names the run,
-            so a curve drawn from the log follows it across restarts and resumes.
-        shared_model: the shared-memory model to evaluate.
-        ctx: stop event and counters shared with the launcher.
-        rewards: the test rewards of the run so far (a resumed run or a restarted process).
-        normalizer: observation-normaliser statistics to continue from.
-        dat_score: the score of the weights in ``<env>.dat`` (None: not known, so under
-            ``--save-max`` the first game replaces them).
-        steps_at_start: the run's steps when the launcher started this process: a resumed
-            run's games logged past them (after the state it resumed from was saved) are of
-            a stretch trained again, and the curve drops them. Counted by the launcher, not
-            here: the workers step while this process imports torch.
-        start: which start of the test process this is: a fresh run's first seeds torch and
-            its first game with ``--seed``, a resume's or a restart's draws its own seeds.
-    """
+    """Play greedy games with the latest shared weights until stopped; log, save, report each."""
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
+    # steps_at_start is the launcher's count: the workers step while this process imports torch.
     block = {**as_dict(config), "tensorboard_dir": run_dir, "steps_at_start": steps_at_start}
     for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
@@ -87,8 +59,7 @@ def run_test(
     env = make_env(spec)
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     if config.fast_path and model.channels_last_suits(device):  # greedy play is fp32
-        # The workers' acting layout: a greedy step costs about a third less, so on the CPU
-        # the workers leave, test games end sooner and score newer weights.
+        # The workers' acting layout: faster on the CPU, so test games score newer weights.
         model.use_channels_last()
     model.eval()
     player = GreedyPlayer(model, env, device)
@@ -159,8 +130,7 @@ def test(
 ) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
-        # Lower priority (--test-niceness, 10 by default): while the workers keep every core
-        # busy, the test process takes what they leave instead of a fair share.
+        # Lower priority: the test process takes what the busy workers leave, not a fair share.
         os.nice(config.test_niceness)
         run_test(
             config, spec, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,

@@ -1,9 +1,4 @@
-"""Every check of the command lines' flags and their combinations, in one place.
-
-`train_problems` and `eval_problems` run once, when `cli` parses a command line, before
-anything starts: they collect every problem, one line each naming the value and the fix, and
-the script prints them all and exits 2. The environments built later trust these values.
-"""
+"""Every check of the command lines' flags, in one place: the envs built later trust them."""
 
 from __future__ import annotations
 
@@ -25,10 +20,8 @@ from utils import UsageError, require_at_least
 if TYPE_CHECKING:
     from cli import CommonConfig, EvalConfig, TrainConfig
 
-DEFAULT_SKIP_RATE = 4
-"""Raw frames per agent step on NoFrameskip ids (the original's); other ids skip their own."""
-SYNC_INTERVAL = 3.0
-"""A cluster node's seconds between exchanges, by default (measured: docs/cluster.md)."""
+DEFAULT_SKIP_RATE = 4  # raw frames per agent step on NoFrameskip ids (the original's)
+SYNC_INTERVAL = 3.0  # a cluster node's seconds between exchanges (docs/cluster.md)
 
 
 def _check(problems: list[str], check: Callable[..., Any], *args: Any) -> bool:
@@ -41,9 +34,7 @@ def _check(problems: list[str], check: Callable[..., Any], *args: Any) -> bool:
     return True
 
 
-MAX_SEED = 2**32 - 1
-"""The largest ``--seed`` (numpy's range; a fresh run's workers and envs offset their seeds from
-it, later starts draw theirs from it: `utils.ProcessStart`)."""
+MAX_SEED = 2**32 - 1  # the largest --seed: numpy's range
 
 
 def _refuse_empty(problems: list[str], config: CommonConfig, name: str, fix: str) -> None:
@@ -60,10 +51,7 @@ def _given(config: CommonConfig, name: str) -> bool:
 def _refuse_unread(
     problems: list[str], config: CommonConfig, name: str, reader: str, fix: str
 ) -> None:
-    """Refuse a flag given a value no part of this run reads (it lacks `reader`).
-
-    An empty value is `_refuse_empty`'s to say.
-    """
+    """Refuse a value no part of this run reads (it lacks `reader`); "" is `_refuse_empty`'s."""
     if _given(config, name) and getattr(config, name) != "":
         value = getattr(config, name)
         problems.append(f"--{name.replace('_', '-')} {value!r} is read only with {reader}; {fix}")
@@ -127,9 +115,7 @@ def train_problems(config: TrainConfig) -> list[str]:
     _check(problems, require_at_least, "--envs-per-worker", config.envs_per_worker)
     _common_problems(problems, config)
     _require_folders(problems, config, "save_model_dir")
-    # A forgotten --load would train afresh where a resume was meant. The save folder named
-    # as both passes: a first sitting's command, to go on later with --load added (and a
-    # state there already is refused in main.py, naming --load).
+    # A forgotten --load would train afresh; the save folder named as both is a first sitting.
     same = os.path.abspath(config.load_model_dir) == os.path.abspath(config.save_model_dir)
     if not config.load and not same:
         _refuse_unread(
@@ -230,11 +216,7 @@ def ray_address_ok(address: str) -> bool:
 
 
 def host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of ``host:port`` or ``ray://host:port``; None when it is neither.
-
-    The port must be a number in 1-65535, and an IPv6 host goes in brackets (``[::1]:6379``):
-    without them its last colon would be taken for the port's.
-    """
+    """``(host, port)`` of ``host:port`` or ``ray://host:port`` (IPv6 in brackets), else None."""
     host, _, port = address.rpartition(":")
     name = host.rpartition("://")[2]  # ray://host:port: the host after the scheme
     if not name or (":" in name and not (name.startswith("[") and name.endswith("]"))):
@@ -324,11 +306,6 @@ def check_sticky_probability(value: float | None) -> None:
 def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
     """Refuse a skip flag that `env_id` would ignore (only NoFrameskip ids use it).
 
-    Args:
-        env_id: the game.
-        flag: ``--skip-rate`` or ``--skip-rate-min``, as the message names it.
-        value: the flag's value.
-
     Raises:
         UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
     """
@@ -349,11 +326,10 @@ def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
 def check_flags_apply(
     env_id: str, repeat_action_probability: float | None, vector_obs_norm: bool
 ) -> None:
-    """Refuse flags `env_id` would ignore (the command line's check, and `make_env`'s).
+    """Refuse flags `env_id` would ignore.
 
     Raises:
-        UsageError: sticky actions for a game that is not an ALE game, or ``--vector-obs-norm``
-            for one that is (its frames are always normalised).
+        UsageError: sticky actions outside ALE, or ``--vector-obs-norm`` on an ALE game.
     """
     if is_atari(env_id):
         if vector_obs_norm:

@@ -1,13 +1,4 @@
-"""Evidence to look at: training curves, what the agent sees, results (GIFs: gym_eval --demo).
-
-Commands::
-
-    python visualize.py curve logs/PongNoFrameskip-v4_log        # PNG of test reward
-    python visualize.py view --env BreakoutNoFrameskip-v4        # raw vs processed frame
-    python visualize.py milestone logs/PongNoFrameskip-v4_log    # when the 10-game mean hit 18
-    python visualize.py curve sitting1_log sitting2_log          # one run's sittings, joined
-    python visualize.py table logs/*_eval.json                   # markdown results table
-"""
+"""Evidence to look at: training curves, what the agent sees, results (GIFs: gym_eval --demo)."""
 
 from __future__ import annotations
 
@@ -31,29 +22,20 @@ from checkpoint import env_file_stem, write_atomic
 from environment import DEFAULT_CONFIG, env_config, read_config
 from utils import OneLineParser, UsageError, format_elapsed
 
+# A test game's whole line (ours goes on past the original's); one cut by a kill matches none.
 LINE = re.compile(
     r"Time (?P<h>\d+)h (?P<m>\d\d)m (?P<s>\d\d)s, episode reward (?P<reward>[-\d.e+]+), "
     r"episode length (?P<length>\d+), reward mean [-\d.e+]+"
     r"(?:\s*$|, total steps (?P<steps>\d+)(?:, total frames (?P<frames>\d+))?, "
     r"frames/s \d+(?=$|, ))"
 )
-"""A test game's line, whole: the original's ends at the reward mean; ours goes on to the
-frames/s (and the first day's had no total frames), then at most a note of how it ended. A
-line cut mid-write by a killed run and continued by the next sitting's first line is none."""
-ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")
-"""Every process that plays test games logs its arguments first; this line is in every block."""
-STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")
-"""The run's steps when a block's process started: a resumed run's games logged past them
-before the block were trained again from an older state (the run was killed between saves)."""
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} : ")
-"""How every line of a training log begins (ours and the original's: ``%(asctime)s : ``)."""
-EVAL_GAME = re.compile(r" : game \d+/\d+: reward ")
-"""A game line of gym_eval.py's log (``<env>_eval_log``), which has no training games."""
-LOADED = re.compile(r" : load: (?P<load>True|False)$")
-"""Whether a block's run began with ``--load`` (a state or a ``.dat``) or from nothing."""
+ARGUMENT_BLOCK = re.compile(r" : workers: \d+$")  # a line of every process's argument block
+STEPS_AT_START = re.compile(r" : steps_at_start: (?P<steps>\d+)$")  # the run's, as a block began
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} : ")  # every log line's start
+EVAL_GAME = re.compile(r" : game \d+/\d+: reward ")  # a game line of gym_eval.py's log
+LOADED = re.compile(r" : load: (?P<load>True|False)$")  # whether a block's run began with --load
+# The run's name: a resume and a restarted test process log the same; the original logs none.
 RUN_ID = re.compile(r" : tensorboard_dir: (?P<run>.+)$")
-"""The run's own folder name, in the argument block: a restarted test process and a resumed run
-log the same one, a new run another. The original's logs have none (each block is a new run)."""
 
 
 @dataclass
@@ -69,23 +51,14 @@ class TestGame:
     frames: int | None
 
 
-# ----------------------------------------------------------------------------------------------
 # Training curves
-# ----------------------------------------------------------------------------------------------
 
 
 def parse_log(path: str | Path, all_runs: bool = False) -> list[TestGame]:
-    """The test games of the last run in a training log (or of every run).
-
-    A run goes on across a restarted test process and across ``--load`` resumes (their argument
-    blocks name the same run); a new run starts the list afresh. A resume from a state older
-    than the run's last games (killed between two state saves) drops the games past the
-    steps it resumed at: that stretch was trained again. Reads this project's logs and the
-    original A3G's (which lack steps, frames and a run id).
+    """The test games of the last run in a training log, or of every run (`read_log`).
 
     Raises:
-        UsageError: the file does not exist or cannot be read (a folder, say), or holds no
-            line of a training log (a checkpoint or run record given instead).
+        UsageError: the file cannot be read, or holds no line of a training log.
     """
     return read_log(path, all_runs)[0]
 
@@ -100,10 +73,7 @@ class LogStart:
 
 
 def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], LogStart]:
-    """`parse_log`'s games, and the `LogStart` of the run they are of.
-
-    With `all_runs`, the first run's; an empty one where the log has no game.
-    """
+    """The test games of a log's last run (`all_runs`: every run's), and that run's `LogStart`."""
     try:
         text = Path(path).read_text(errors="replace")
     except FileNotFoundError:
@@ -121,9 +91,7 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
     block: str | None = None  # the argument block read since the last game ("": no run id)
     block_steps: int | None = None  # its steps_at_start, where it has one
     block_loaded: bool | None = None  # its --load, where it says
-    # Each run's first block since the last game, by run id: its --load, and the lowest
-    # steps_at_start of the run's blocks since (retrained from there). A sitting that played
-    # no game (stopped in its first minute) and its resume are one run that began as the first.
+    # By run id, since the last game: its first block's --load, its lowest steps_at_start.
     firsts: dict[str, tuple[bool | None, int | None]] = {}
     for line in whole:
         if match := STEPS_AT_START.search(line):
@@ -153,7 +121,7 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
                 if not all_runs or run is None:
                     start = LogStart(block, loaded, steps)
             elif steps is not None:
-                games = [g for g in games if g.steps is None or g.steps <= steps]
+                games = [g for g in games if g.steps is None or g.steps <= steps]  # trained again
             run, block, block_steps, block_loaded, firsts = block, None, None, None, {}
         g = match.groupdict()
         games.append(
@@ -180,17 +148,11 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
 def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
     """The test games of one run trained in several sittings, one log each, in order.
 
-    A sitting resumed with ``--load`` from its training state names the same run and goes on
-    counting, so its games are taken as they are (those of the sitting before past the steps
-    it resumed at are dropped: that stretch was trained again). A sitting started from a
-    ``.dat`` alone (a new machine: the step count starts afresh) is recognised by counts lower
-    than where the sitting before ended, and is shifted to go on from that sitting's last test
-    game (wall time, steps and frames), so the run's untested tail before the restart (under
-    one test interval) is not counted.
+    A sitting resumed from its state goes on counting; one started from a ``.dat`` alone
+    (counts lower than where the one before ended) is shifted to go on from its last game.
 
     Raises:
-        UsageError: a file does not exist, or the logs are not one run's in the order written
-            (a log given twice or out of order, or another run started without ``--load``).
+        UsageError: a file does not exist, or the logs are not one run's in the order written.
     """
     games: list[TestGame] = []
     before: LogStart | None = None
@@ -226,14 +188,7 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
 
 
 def _starts_again(start: LogStart, before: LogStart, first: TestGame, last: TestGame) -> bool:
-    """Whether a sitting of the run `before` logged cannot come after it.
-
-    Args:
-        start: the sitting's log start (same run id as `before`).
-        before: the log start of the sitting given before it.
-        first: the sitting's first test game.
-        last: the last test game taken so far.
-    """
+    """Whether sitting `start` (first game `first`) cannot follow `before` (last game `last`)."""
     here, there = start.steps_at_start, before.steps_at_start
     if start.loaded is False or here == 0:  # the run's first sitting: given twice, or out of order
         return True
@@ -264,10 +219,7 @@ def moving_average(values: list[float], window: int) -> np.ndarray:
 
 
 def first_reaching(games: list[TestGame], reward: float, window: int = 10) -> TestGame | None:
-    """The game at which the mean of the last `window` test games first reached `reward`.
-
-    Only full windows count (a lucky first game is not a milestone). None if never reached.
-    """
+    """The game where the mean of a full window of test games first reached `reward`, or None."""
     if window < 1:
         raise UsageError(f"--window must be at least 1, got {window}")
     rewards = [g.reward for g in games]
@@ -302,11 +254,7 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
 def plot_curve(
     log_path: str | Path | list[str | Path], out: str | Path, window: int = 20, title: str = ""
 ) -> Path:
-    """Write a PNG of test reward against frames and against wall time.
-
-    Raw points plus a `window`-game moving average, for a finished run or one still going.
-    `log_path` is one training log, or the logs of one run's sittings in order
-    (`parse_sittings`).
+    """Write a PNG of test reward against frames and wall time, from a log or a run's sittings.
 
     Raises:
         UsageError: the log holds no finished test game yet.
@@ -349,9 +297,7 @@ def plot_curve(
         plt.close(fig)
 
 
-# ----------------------------------------------------------------------------------------------
 # What the agent sees
-# ----------------------------------------------------------------------------------------------
 
 VIEW_RAW_SCALE = 2
 VIEW_PROCESSED_SCALE = 4
@@ -360,18 +306,7 @@ VIEW_CAPTION = 30
 
 
 def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int = 0) -> np.ndarray:
-    """A raw screen (crop rows outlined) beside the 80x80 frame the network gets, as RGB.
-
-    The raw screen is shown at 2x (420x320), the processed frame at 4x (320x320), both with
-    nearest-neighbour scaling so single pixels stay visible, over a caption row: the image is
-    450x660.
-
-    Args:
-        env_id: an Atari id.
-        config_path: the `config.json` whose entry for `env_id` sets the crop.
-        steps: random agent steps (4 raw frames each) before the snapshot, so the game is on.
-        seed: seed of the game and of the random actions.
-    """
+    """A raw screen (crop rows outlined) beside the 80x80 frame the network gets, as RGB."""
     import gymnasium as gym
 
     from environment import ATARI_ENTRY_POINT, lookup_spec, process_frame
@@ -437,20 +372,10 @@ def write_png(image: np.ndarray, out: str | Path) -> Path:
 
 
 def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Write an image file with `checkpoint.write_atomic`; a failure is one line.
-
-    An interrupted or failed write leaves `out` as it was (a shipped GIF is never
-    half-written) and no temporary file.
-
-    Args:
-        out: the file; its suffix names the format.
-        write: writes the image's bytes, in the format `out`'s suffix names, to the file
-            object it is given.
+    """Write an image file, in the format its suffix names, with `checkpoint.write_atomic`.
 
     Raises:
-        UsageError: the folder cannot be made or the file written, or the suffix names no
-            image format (or there is none: matplotlib would write a PNG, over a training log
-            given by mistake), naming the file.
+        UsageError: the file cannot be written, or its suffix names no image format.
     """
     not_an_image = f"cannot write {str(out)!r}: not an image name; end it in .png (.gif for a GIF)"
     if not Path(out).suffix:
@@ -466,9 +391,7 @@ def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return Path(out)
 
 
-# ----------------------------------------------------------------------------------------------
 # GIFs
-# ----------------------------------------------------------------------------------------------
 
 
 def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Path:
@@ -490,19 +413,11 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
     return write_image(out, save)
 
 
-# ----------------------------------------------------------------------------------------------
 # Results table
-# ----------------------------------------------------------------------------------------------
 
 
 def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str:
-    """A results-table cell for an evaluation protocol (`environment.protocol`'s dict).
-
-    Args:
-        protocol: the protocol, or None where a summary predates it.
-        full: every field (the evaluation column); False: sticky actions only (how the agent
-            was trained, whose other fields match the evaluation's on the same id).
-    """
+    """A results-table cell for a protocol dict (or None); not `full`: sticky actions only."""
     if not protocol:
         return "?"
     stall = protocol.get("stall_steps")
@@ -526,9 +441,8 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
     return ", ".join(parts) + stalled
 
 
+# Left out of a results row's command: they change nothing trained, and name a machine's folders.
 FOLDER_FLAGS = ("--save-model-dir", "-smd", "--load-model-dir", "-lmd", "--log-dir", "-lg", "-lgd")
-"""Where a run kept its files: left out of a results row's command (they do not change what
-is trained, and name folders of the machine it ran on)."""
 
 
 def command_words(command: str) -> list[str]:
@@ -554,15 +468,7 @@ def without_folders(command: str) -> str:
 
 
 def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None = None) -> str:
-    """What a results row adds to a run's first command when it was trained in sittings.
-
-    Args:
-        sittings: how many parts the run had.
-        restarts: how many of them started from the ``.dat`` alone.
-        commands: every part's command in order, where known: each run of parts with the
-            same flags (beyond ``--load`` and the folders) after the first is named with the
-            flags that differ from the first's (`flag_changes`).
-    """
+    """A results row's note on a run trained in sittings, naming the flags later parts changed."""
     if sittings <= 1:
         return ""
     fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
@@ -582,12 +488,7 @@ def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None
 
 
 def flag_changes(first: str, later: str) -> str:
-    """`later`'s flags where they differ from `first`'s, in `later`'s order ("" if none).
-
-    A flag given a new value or added is shown with its values; one `later` leaves out as
-    ``without --flag value``. So a part of a run reads as its first command plus these.
-    main.py's short forms and ``--flag=value`` count as the flag's long form.
-    """
+    """`later`'s flags that differ from `first`'s ("" if none), dropped ones as ``without --x``."""
     return _changes(_flag_values(first), _flag_values(later))
 
 
@@ -607,12 +508,7 @@ _NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)
 
 
 def _flag_values(command: str) -> dict[str, tuple[str, ...]]:
-    """A command's words by flag: ``--flag value ...`` -> {"--flag": ("value", ...)}.
-
-    The words before the first flag (``python main.py``) go under "". A word is a flag if it
-    starts with "-" and is not a number (``--lr -1e-4`` keeps -1e-4 as a value); main.py's
-    short forms become their long ones and ``--flag=value`` is ``--flag value``.
-    """
+    """A command's words by long flag: ``--flag value`` -> {"--flag": ("value",)}; -1 is a value."""
     long_form = _main_py_long_forms()
     flags: dict[str, tuple[str, ...]] = {"": ()}
     current = ""
@@ -641,16 +537,11 @@ def same_run_flags(command: str) -> str:
     return shlex.join(word for word in command_words(without_folders(command)) if word != "--load")
 
 
-SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}
-"""What a results row needs of a `gym_eval.py` summary."""
+SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}  # what a results row needs of a summary
 
 
 def results_table(paths: list[str | Path]) -> str:
-    """A markdown table from `gym_eval.py` JSON summaries, one row per file.
-
-    Each row says under which protocol the games were played (sticky actions, frame skip,
-    no-op starts, episode cap) and under which sticky-action setting the agent was trained.
-    """
+    """A markdown table from `gym_eval.py` JSON summaries, one row per file."""
     rows = [
         "| game | evaluated under | trained under | frames trained | wall time | hardware "
         "| mean ± std | best | games | command |",
@@ -712,9 +603,7 @@ def _results_row(summary: dict[str, Any]) -> str:
     )
 
 
-# ----------------------------------------------------------------------------------------------
 # Command line
-# ----------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
