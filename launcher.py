@@ -20,7 +20,7 @@ from checkpoint import RunPaths, TrainingState, cpu_state_dict, save_atomic, unt
 from cli import TrainConfig, as_dict
 from environment import EnvSpec, frames_per_step
 from monitor import RunMonitor
-from test import test
+from test import TestStart, test
 from train import train
 from utils import (
     FATAL_EXIT,
@@ -193,11 +193,11 @@ class Launcher:
         monitor = self.monitor
         start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
         if child.is_test:
-            return test, (
-                self.config, self.spec, self.paths, self.tensorboard_dir, self.shared_model,
-                ctx, list(monitor.rewards), monitor.test_normalizer, monitor.dat_score,
-                self.ctx.total_steps(), start,
+            begin = TestStart(
+                self.config, self.spec, self.paths, self.tensorboard_dir, tuple(monitor.rewards),
+                monitor.test_normalizer, monitor.dat_score, self.ctx.total_steps(), start,
             )  # fmt: skip
+            return test, (begin, self.shared_model, ctx)
         return train, (
             child.rank, self.config, self.spec, self.shared_model, self.optimizer, ctx,
             monitor.worker_normalizers.get(child.rank), start,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,43 +32,47 @@ from utils import (
 )
 
 
-def run_test(
-    config: TrainConfig,
-    spec: EnvSpec,
-    paths: RunPaths,
-    run_dir: str,
-    shared_model: nn.Module,
-    ctx: ProcessContext,
-    rewards: Sequence[float] = (),
-    normalizer: dict | None = None,
-    dat_score: float | None = None,
-    *,
-    steps_at_start: int,
-    start: ProcessStart = FIRST_START,
-) -> None:
+@dataclass(frozen=True)
+class TestStart:
+    """What the test process starts from: the run's settings and where the run stands."""
+
+    config: TrainConfig
+    spec: EnvSpec
+    paths: RunPaths
+    run_dir: str  # the run's TensorBoard folder: its name in the log
+    rewards: tuple[float, ...] = ()  # the run's test rewards so far
+    normalizer: dict | None = None
+    dat_score: float | None = None  # the score of the weights in <env>.dat (None: not known)
+    steps_at_start: int = 0  # the launcher's count: the workers step while this one starts
+    start: ProcessStart = FIRST_START
+
+
+def run_test(begin: TestStart, shared_model: nn.Module, ctx: ProcessContext) -> None:
     """Play greedy games with the latest shared weights until stopped; log, save, report each."""
+    config, paths, start = begin.config, begin.paths, begin.start
     device = worker_device(config.test_gpu)
     log = setup_logger(f"a3g.test.{config.env}", paths.log)
-    # steps_at_start is the launcher's count: the workers step while this process imports torch.
-    block = {**as_dict(config), "tensorboard_dir": run_dir, "steps_at_start": steps_at_start}
+    block = {
+        **as_dict(config), "tensorboard_dir": begin.run_dir, "steps_at_start": begin.steps_at_start
+    }  # fmt: skip
     for key, value in sorted(block.items()):
         log.info(f"{key}: {value}")
 
     torch_seed, game_seed = (config.seed,) * 2 if start.first else start.seeds(config.seed, None, 2)
     torch.manual_seed(torch_seed)
-    env = make_env(spec)
+    env = make_env(begin.spec)
     model = build_model(env.observation_space, env.action_space, config.hidden_size).to(device)
     if config.fast_path and model.channels_last_suits(device):  # greedy play is fp32
         # The workers' acting layout: faster on the CPU, so test games score newer weights.
         model.use_channels_last()
     model.eval()
     player = GreedyPlayer(model, env, device)
-    load_normalizer_state(env, normalizer)
+    load_normalizer_state(env, begin.normalizer)
 
     frames_per = frames_per_step(config.env, config.frame_skip)
-    games = len(rewards)
-    reward_total = float(sum(rewards))
-    bar = -math.inf if dat_score is None else dat_score  # what --save-max must match
+    games = len(begin.rewards)
+    reward_total = float(sum(begin.rewards))
+    bar = -math.inf if begin.dat_score is None else begin.dat_score  # what --save-max must match
     seed: int | None = game_seed
     while not ctx.stopping():
         model.load_state_dict(shared_model.state_dict())
@@ -115,24 +119,9 @@ def run_test(
     env.close()
 
 
-def test(
-    config: TrainConfig,
-    spec: EnvSpec,
-    paths: RunPaths,
-    run_dir: str,
-    shared_model: nn.Module,
-    ctx: ProcessContext,
-    rewards: Sequence[float],
-    normalizer: dict | None,
-    dat_score: float | None,
-    steps_at_start: int,
-    start: ProcessStart = FIRST_START,
-) -> None:
+def test(begin: TestStart, shared_model: nn.Module, ctx: ProcessContext) -> None:
     """Process entry point of the evaluation process (see `run_test`)."""
     with child_process("Test Agent", ctx):
         # Lower priority: the test process takes what the busy workers leave, not a fair share.
-        os.nice(config.test_niceness)
-        run_test(
-            config, spec, paths, run_dir, shared_model, ctx, rewards, normalizer, dat_score,
-            steps_at_start=steps_at_start, start=start,
-        )  # fmt: skip
+        os.nice(begin.config.test_niceness)
+        run_test(begin, shared_model, ctx)

@@ -539,13 +539,12 @@ def check_the_resumed_launcher(saved: dict, load_flags: list[str]) -> None:
         for rank in range(launcher.config.workers):
             _, worker_args = launcher.process_target(Child(rank), launcher.ctx)
             assert worker_args[-2:] == (saved["normalizers"][str(rank)], resumed_start)
-        _, test_args = launcher.process_target(Child(None), launcher.ctx)
-        rewards, normalizer, dat_score, steps_at_start, start = test_args[-5:]
-        assert steps_at_start == saved["steps"]  # the launcher's count, before any step
-        assert start == resumed_start and saved["steps"] > 0
-        assert len(rewards) == saved["test"]["games"]
-        assert normalizer == saved["normalizers"]["test"]
-        assert dat_score is None is saved["dat_score"]  # its final weights: no game's
+        _, (begin, *_) = launcher.process_target(Child(None), launcher.ctx)
+        assert begin.steps_at_start == saved["steps"]  # the launcher's count, before any step
+        assert begin.start == resumed_start and saved["steps"] > 0
+        assert len(begin.rewards) == saved["test"]["games"]
+        assert begin.normalizer == saved["normalizers"]["test"]
+        assert begin.dat_score is None is saved["dat_score"]  # its final weights: no game's
     finally:
         if launcher.monitor.writer is not None:
             launcher.monitor.writer.close()

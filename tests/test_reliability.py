@@ -1212,7 +1212,8 @@ def test_each_start_of_a_child_is_given_its_own_seeds(tmp_path):
     given: list[tuple[Child, ProcessStart]] = []
 
     def quick_target(child: Child, ctx: ProcessContext) -> tuple:
-        given.append((child, Launcher.process_target(launcher, child, ctx)[1][-1]))
+        args = Launcher.process_target(launcher, child, ctx)[1]
+        given.append((child, args[0].start if child.is_test else args[-1]))
         return _exit_with, (0,)
 
     launcher.process_target = quick_target
@@ -1318,10 +1319,10 @@ def test_save_max_beats_the_score_on_disk_not_one_whose_save_failed(tmp_path, mo
 
     monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
     monkeypatch.setattr(test_process, "save_atomic", save)
-    test_process.run_test(
-        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
-        launcher.shared_model, ctx, steps_at_start=0,
-    )  # fmt: skip
+    begin = test_process.TestStart(
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs")
+    )
+    test_process.run_test(begin, launcher.shared_model, ctx)
     assert saved == [3.0, 4.0, 4.0]
 
 
@@ -1345,10 +1346,10 @@ def test_the_test_process_seeds_its_first_game_by_its_start(tmp_path, monkeypatc
 
     monkeypatch.setattr(test_process.GreedyPlayer, "play_game", play_game)
     monkeypatch.setattr(test_process, "save_atomic", lambda _state, _path: None)
-    test_process.run_test(
-        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
-        launcher.shared_model, ctx, steps_at_start=0, start=start,
-    )  # fmt: skip
+    begin = test_process.TestStart(
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"), start=start
+    )
+    test_process.run_test(begin, launcher.shared_model, ctx)
     torch_seed, game_seed = (7, 7) if start == FIRST_START else start.seeds(7, None, 2)
     assert seeds == [(game_seed, torch_seed), (None, torch_seed)]
     assert start == FIRST_START or 7 not in (torch_seed, game_seed)
@@ -1379,10 +1380,10 @@ def test_the_test_games_of_a_fresh_runs_untrained_weights_save_nothing(tmp_path,
         "play_game",
         lambda *_args, **_kwargs: next(games, None) or GameResult(0.0, 0, STOPPED, 0),
     )
-    test_process.run_test(
-        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs"),
-        launcher.shared_model, ctx, steps_at_start=0,
-    )  # fmt: skip
+    begin = test_process.TestStart(
+        launcher.config, launcher.spec, launcher.paths, str(tmp_path / "runs")
+    )
+    test_process.run_test(begin, launcher.shared_model, ctx)
     assert (tmp_path / "models" / f"{PONG}.dat").exists() == load
 
 
@@ -1431,14 +1432,14 @@ def test_a_resumed_save_max_run_must_match_the_score_of_the_file_it_finds(tmp_pa
         resumed = prepare(parse_train_args([*flags, *load]))
     assert "its run saved it without --save-max" in caplog.text
     assert resumed.monitor.best == 5.0 and resumed.monitor.dat_score is None
-    assert resumed.process_target(Child(None), resumed.ctx)[1][-3] is None  # the test's bar
+    assert resumed.process_target(Child(None), resumed.ctx)[1][0].dat_score is None  # the bar
     # A --save-max run: its state keeps the score of the file, not the run's best game.
     resumed.monitor.take("test", {**game, "reward": -1.0, "saved": True})
     resumed.monitor.take("test", {**game, "reward": -2.0, "saved": False})
     resumed.shutdown()
     again = prepare(parse_train_args([*flags, *load]))
     assert again.monitor.dat_score == -1.0 and again.monitor.best == 5.0
-    assert again.process_target(Child(None), again.ctx)[1][-3] == -1.0
+    assert again.process_target(Child(None), again.ctx)[1][0].dat_score == -1.0
     # Resumed without --save-max: every test game will write over the best weights; said.
     caplog.clear()
     with caplog.at_level("WARNING", logger="a3g.main"):

@@ -321,7 +321,8 @@ def test_a_random_skip_reaches_every_env_a_run_and_an_evaluation_build(monkeypat
     monkeypatch.setattr(test_process, "make_env", make_and_stop)
     paths = RunPaths.of(args.env, str(tmp_path), str(tmp_path), str(tmp_path), False)
     with pytest.raises(BuiltError):
-        test_process.run_test(args, EnvSpec.of(args), paths, "run", shared, ctx, steps_at_start=0)
+        begin = test_process.TestStart(args, EnvSpec.of(args), paths, "run")
+        test_process.run_test(begin, shared, ctx)
     assert [skips(env) for env in made] == [(2, 4)]
 
     evaluated = make_env(EnvSpec.of(parse_eval_args(["--skip-rate-min", "3"])))
