@@ -664,10 +664,6 @@ class NodeLauncher:
         """Ask the pool to stop (the driver's shutdown); `run` then returns."""
         self.pool.ctx.request_stop()
 
-    def pid(self) -> int:
-        """This actor's process id."""
-        return os.getpid()
-
 
 # The driver
 

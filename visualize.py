@@ -251,9 +251,7 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     )
 
 
-def plot_curve(
-    log_path: str | Path | list[str | Path], out: str | Path, window: int = 20, title: str = ""
-) -> Path:
+def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window: int = 20) -> Path:
     """Write a PNG of test reward against frames and wall time, from a log or a run's sittings.
 
     Raises:
@@ -289,7 +287,7 @@ def plot_curve(
     axes[0].legend(loc="lower right")
     earlier = len(logs) - 1
     before = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
-    fig.suptitle(title or f"{Path(logs[-1]).name}{before}: {len(games)} test games")
+    fig.suptitle(f"{Path(logs[-1]).name}{before}: {len(games)} test games")
     fig.tight_layout()
     try:
         return write_image(out, lambda f: fig.savefig(f, format=Path(out).suffix[1:] or None))
