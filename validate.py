@@ -8,13 +8,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from environment import (
-    ATARI_ENTRY_POINT,
-    MAX_EPISODE_FRAMES,
-    episode_frames,
-    is_atari,
-    lookup_spec,
-)
+from environment import ATARI_ENTRY_POINT, MAX_EPISODE_FRAMES, episode_frames, lookup_spec
 from utils import UsageError, require_at_least
 
 if TYPE_CHECKING:
@@ -79,15 +73,14 @@ def _common_problems(problems: list[str], config: CommonConfig) -> None:
     ):
         if value is not None:  # --hidden-size: None until given (the file's width)
             _check(problems, require_at_least, flag_name, value)
-    _check(problems, check_sticky_probability, config.repeat_action_probability)
+    sticky = config.repeat_action_probability
+    if sticky is not None and not 0.0 <= sticky <= 1.0:
+        problems.append(
+            f"--repeat-action-probability must be in [0, 1], got {sticky}; 0.25 is the standard "
+            "sticky-actions protocol, 0 a deterministic emulator"
+        )
     if not 0 <= config.seed <= MAX_SEED:
         problems.append(f"--seed must be in 0..{MAX_SEED}, got {config.seed}")
-    if config.skip_rate_min is not None:
-        _check(
-            problems, check_skip_rate_applies, config.env, "--skip-rate-min", config.skip_rate_min
-        )
-    if config.skip_rate != DEFAULT_SKIP_RATE:
-        _check(problems, check_skip_rate_applies, config.env, "--skip-rate", config.skip_rate)
     if config.skip_rate_min is not None and config.skip_rate_min > config.skip_rate:
         problems.append(
             f"--skip-rate-min {config.skip_rate_min} is more than --skip-rate "
@@ -95,14 +88,8 @@ def _common_problems(problems: list[str], config: CommonConfig) -> None:
             f"--skip-rate to {config.skip_rate_min} or more (the -v0 ids' 2-4 frames: "
             "--skip-rate-min 2 --skip-rate 4)"
         )
-    _check(
-        problems,
-        check_flags_apply,
-        config.env,
-        config.repeat_action_probability,
-        config.vector_obs_norm,
-    )
-    _check(problems, check_episode_cap, config.env, config.max_episode_length, config.frame_skip)
+    if _check(problems, lookup_spec, config.env):  # a known id: what applies to it
+        _env_problems(problems, config)
     if config.stall_steps < 0:
         problems.append(f"--stall-steps must be 0 (off) or more, got {config.stall_steps}")
 
@@ -290,70 +277,37 @@ def eval_problems(config: EvalConfig) -> list[str]:
     return problems
 
 
-def check_sticky_probability(value: float | None) -> None:
-    """Reject a ``--repeat-action-probability`` outside [0, 1] (None is "the id's own").
-
-    Raises:
-        UsageError: naming the value and the range.
-    """
-    if value is not None and not 0.0 <= value <= 1.0:
-        raise UsageError(
-            f"--repeat-action-probability must be in [0, 1], got {value}; 0.25 is the standard "
-            "sticky-actions protocol, 0 a deterministic emulator"
-        )
-
-
-def check_skip_rate_applies(env_id: str, flag: str, value: int) -> None:
-    """Refuse a skip flag that `env_id` would ignore (only NoFrameskip ids use it).
-
-    Raises:
-        UsageError: the id skips frames itself (``ALE/Pong-v5``) or is not an ALE game.
-    """
-    spec = lookup_spec(env_id)
-    if spec.entry_point == ATARI_ENTRY_POINT and spec.kwargs.get("frameskip", 1) == 1:
-        return
-    why = (
-        f"skips frames itself (frameskip {spec.kwargs['frameskip']})"
-        if spec.entry_point == ATARI_ENTRY_POINT
-        else "is not an ALE game"
-    )
-    raise UsageError(
-        f"{flag} {value} applies to NoFrameskip ids only and {env_id} {why}; drop {flag}, "
-        "or use a NoFrameskip id (e.g. PongNoFrameskip-v4)"
-    )
-
-
-def check_flags_apply(
-    env_id: str, repeat_action_probability: float | None, vector_obs_norm: bool
-) -> None:
-    """Refuse flags `env_id` would ignore.
-
-    Raises:
-        UsageError: sticky actions outside ALE, or ``--vector-obs-norm`` on an ALE game.
-    """
-    if is_atari(env_id):
-        if vector_obs_norm:
-            raise UsageError(
-                f"--vector-obs-norm applies to vector observations only, and {env_id}'s frames "
-                "are always normalised (as in the original); drop the flag"
+def _env_problems(problems: list[str], config: CommonConfig) -> None:
+    """The flags `config.env` would ignore, and an episode cap past what ALE counts."""
+    spec = lookup_spec(config.env)
+    atari = spec.entry_point == ATARI_ENTRY_POINT
+    we_skip = atari and spec.kwargs.get("frameskip", 1) == 1
+    why = f"skips frames itself (frameskip {spec.kwargs.get('frameskip')})" if atari else ""
+    for flag, value, given in (
+        ("--skip-rate-min", config.skip_rate_min, config.skip_rate_min is not None),
+        ("--skip-rate", config.skip_rate, config.skip_rate != DEFAULT_SKIP_RATE),
+    ):
+        if given and not we_skip:
+            problems.append(
+                f"{flag} {value} applies to NoFrameskip ids only and {config.env} "
+                f"{why or 'is not an ALE game'}; drop {flag}, or use a NoFrameskip id "
+                "(e.g. PongNoFrameskip-v4)"
             )
-    elif repeat_action_probability is not None:
-        raise UsageError(
-            f"--repeat-action-probability {repeat_action_probability} applies to ALE games only, "
-            f"and {env_id!r} is not one; drop the flag"
+    if atari and config.vector_obs_norm:
+        problems.append(
+            f"--vector-obs-norm applies to vector observations only, and {config.env}'s frames "
+            "are always normalised (as in the original); drop the flag"
         )
-
-
-def check_episode_cap(env_id: str, max_episode_length: int, skip_rate: Any) -> None:
-    """Refuse an episode cap past what ALE counts (`environment.episode_frames`).
-
-    Raises:
-        UsageError: the cap is past `MAX_EPISODE_FRAMES`, naming the largest that fits.
-    """
-    frames, step_frames = episode_frames(env_id, max_episode_length, skip_rate)
+    if not atari and config.repeat_action_probability is not None:
+        problems.append(
+            f"--repeat-action-probability {config.repeat_action_probability} applies to ALE "
+            f"games only, and {config.env!r} is not one; drop the flag"
+        )
+    length = config.max_episode_length
+    frames, step_frames = episode_frames(config.env, length, config.frame_skip)
     if frames > MAX_EPISODE_FRAMES:
-        raise UsageError(
-            f"--max-episode-length {max_episode_length} x {step_frames} raw frames a step on "
-            f"{env_id} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
+        problems.append(
+            f"--max-episode-length {length} x {step_frames} raw frames a step on "
+            f"{config.env} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
             f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
         )
