@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -190,34 +189,6 @@ NONFINITE_LIMIT = 10
 """Consecutive updates with a NaN or inf loss or gradient after which a worker gives up."""
 
 
-class NonFiniteGuard:
-    """Counts the updates a worker skips for a NaN or inf, and gives up when they keep coming."""
-
-    def __init__(self, ctx: ProcessContext):
-        """Nothing skipped yet; skips are also counted in ``ctx.skipped`` for the launcher."""
-        self.ctx = ctx
-        self.in_a_row = 0
-
-    def passed(self, finite: bool) -> bool:
-        """Whether the update may go to the shared model; counts it as skipped if not.
-
-        Raises:
-            FatalRunError: `NONFINITE_LIMIT` non-finite updates in a row.
-        """
-        if finite:
-            self.in_a_row = 0
-            return True
-        self.ctx.count_skipped()
-        self.in_a_row += 1
-        if self.in_a_row >= NONFINITE_LIMIT:
-            raise FatalRunError(
-                f"{self.in_a_row} updates in a row had a NaN or inf policy, loss or gradient "
-                "(none reached the shared model); lower --lr, or check the env's rewards and "
-                "observations"
-            )
-        return False
-
-
 def update_is_finite(terms: LossTerms, squares: torch.Tensor) -> bool:
     """The loss and every gradient entry are finite (one device sync).
 
@@ -349,29 +320,6 @@ def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = 
         torch.cuda.current_stream(cuda_device).synchronize()
 
 
-class PhaseClock:
-    """A timing hook for the worker loop: seconds spent in each phase (for benchmarks).
-
-    The loop calls `lap` at the end of each phase.
-    """
-
-    def __init__(self) -> None:
-        """No time recorded yet."""
-        self.totals: dict[str, float] = defaultdict(float)
-        self._last: float | None = None
-
-    def lap(self, phase: str) -> None:
-        """Add the time since the previous lap to `phase` (the first lap only starts the clock)."""
-        now = time.perf_counter()
-        if self._last is not None:
-            self.totals[phase] += now - self._last
-        self._last = now
-
-    def reset(self) -> None:
-        """Forget what was recorded (after a warm-up)."""
-        self.totals.clear()
-
-
 def worker_seeds(
     seed: int, rank: int, workers: int, envs: int, start: ProcessStart
 ) -> tuple[int, list[int]]:
@@ -399,7 +347,7 @@ def run_worker(
     ctx: ProcessContext,
     normalizer: dict | None = None,
     on_update: Callable[[LossTerms], None] | None = None,
-    clock: PhaseClock | None = None,
+    lap: Callable[[str], None] = _no_lap,
     start: ProcessStart = FIRST_START,
 ) -> None:
     """The worker loop, until a stop is asked for or ``--max-steps`` is reached.
@@ -407,7 +355,8 @@ def run_worker(
     Each rollout: copy the shared weights, play up to n steps, backpropagate on the own copy,
     hand the gradients to the shared model and step the optimizer, without a lock. An update
     with a NaN or inf is skipped and counted; after `NONFINITE_LIMIT` in a row the worker
-    raises `FatalRunError`. An `optimizer` of None makes one of the worker's own.
+    raises `FatalRunError`. An `optimizer` of None makes one of the worker's own. `lap(phase)`
+    is called as each phase of the loop ends (`benchmarks/bench_step.py` times them).
     """
     # -- setup: device, seeds, envs, own model copy, agent -------------------------------------
     device = worker_device(config.gpu_for(rank))
@@ -446,8 +395,7 @@ def run_worker(
         on_gpu = device.type == "cuda"
         stats = TrainStats(model)
         next_report = time.monotonic() + REPORT_SECONDS
-        guard = NonFiniteGuard(ctx)
-        lap = clock.lap if clock is not None else _no_lap
+        non_finite = 0  # updates skipped in a row
 
         def send_report() -> None:
             ctx.report(
@@ -487,9 +435,18 @@ def run_worker(
                 finite = False
             ctx.add_steps(agent.steps)
 
-            if not guard.passed(finite):  # skipped: the shared model never sees it
+            if not finite:  # skipped: the shared model never sees it
+                ctx.count_skipped()
+                non_finite += 1
+                if non_finite >= NONFINITE_LIMIT:
+                    raise FatalRunError(
+                        f"{non_finite} updates in a row had a NaN or inf policy, loss or "
+                        "gradient (none reached the shared model); lower --lr, or check the "
+                        "env's rewards and observations"
+                    )
                 agent.restart_episodes()  # the LSTM state may hold the NaN too: start afresh
                 continue
+            non_finite = 0
 
             ensure_shared_grads(model, shared_model, copy=on_gpu)
             lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)

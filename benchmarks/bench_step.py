@@ -20,6 +20,7 @@ import contextlib
 import io
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,11 +35,34 @@ from cli import parse_train_args  # noqa: E402
 from environment import EnvSpec, make_env  # noqa: E402
 from model import build_model  # noqa: E402
 from shared_optim import make_optimizer  # noqa: E402
-from train import PhaseClock, run_worker  # noqa: E402
+from train import run_worker  # noqa: E402
 from utils import ProcessContext, UsageError, check_gpus, check_precision  # noqa: E402
 
 PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report")
 """The worker loop's laps (`train.run_worker`); "replay" builds the `Rollout`, bootstrap too."""
+
+
+class PhaseClock:
+    """A timing hook for the worker loop: seconds spent in each phase (for benchmarks).
+
+    The loop calls `lap` at the end of each phase.
+    """
+
+    def __init__(self) -> None:
+        """No time recorded yet."""
+        self.totals: dict[str, float] = defaultdict(float)
+        self._last: float | None = None
+
+    def lap(self, phase: str) -> None:
+        """Add the time since the previous lap to `phase` (the first lap only starts the clock)."""
+        now = time.perf_counter()
+        if self._last is not None:
+            self.totals[phase] += now - self._last
+        self._last = now
+
+    def reset(self) -> None:
+        """Forget what was recorded (after a warm-up)."""
+        self.totals.clear()
 
 
 def mode_flags(mode: str) -> list[str]:
@@ -159,7 +183,7 @@ def profile(
         elif timed_from is not None and time.perf_counter() - timed_from[0] >= seconds:
             ctx.request_stop()
 
-    run_worker(0, config, spec, shared, optimizer, ctx, on_update=on_update, clock=clock)
+    run_worker(0, config, spec, shared, optimizer, ctx, on_update=on_update, lap=clock.lap)
     assert timed_from is not None
     steps = ctx.total_steps() - timed_from[1]
     if profiler is not None:
