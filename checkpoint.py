@@ -258,10 +258,10 @@ def saved_hidden_size(path: str | Path) -> int | None:
         UsageError: the file is truncated, not a PyTorch file or holds pickled objects.
     """
     path = Path(path)
-    return _lstm_width(_stored_weights(path)) if path.is_file() else None
+    return lstm_width(_stored_weights(path)) if path.is_file() else None
 
 
-def _lstm_width(weights: Any) -> int | None:
+def lstm_width(weights: Any) -> int | None:
     """The LSTM hidden size of a state_dict, None where it holds no LSTM weights."""
     weight = weights.get("lstm.weight_hh") if isinstance(weights, dict) else None
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
@@ -275,7 +275,7 @@ def loaded_hidden_size(paths: RunPaths) -> int | None:
             state is not a training state (each said as the resume says it).
     """
     if paths.load_state.is_file():
-        return _lstm_width(TrainingState.read_file(paths.load_state).get("model"))
+        return lstm_width(TrainingState.read_file(paths.load_state).get("model"))
     return saved_hidden_size(paths.load_model)
 
 

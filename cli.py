@@ -372,7 +372,7 @@ def parse_eval_args(
 def _refuse(problems: list[str]) -> None:
     """Raise one UsageError holding every problem, a line each (the script prints them all)."""
     if problems:
-        raise UsageError("\n".join(dict.fromkeys(problems)))  # each once
+        raise UsageError("\n".join(problems))
 
 
 def flag_reference() -> str:

@@ -33,6 +33,7 @@ from checkpoint import (
     hold_run_lock,
     load_weights,
     loaded_hidden_size,
+    lstm_width,
     refuse_another_run,
 )
 from cli import TrainConfig, as_dict
@@ -114,12 +115,12 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
         else paths.runs / new_run_name(env_file_stem(config.env), paths)
     )
     return RunPlan(
-        config.env, hidden_size(config, paths), folders, paths, state, tensorboard_dir,
+        config.env, hidden_size(config, paths, state), folders, paths, state, tensorboard_dir,
         earlier_logs, tuple(warnings),
     )  # fmt: skip
 
 
-def hidden_size(config: TrainConfig, paths: RunPaths) -> int:
+def hidden_size(config: TrainConfig, paths: RunPaths, state: TrainingState | None = None) -> int:
     """The LSTM width: ``--hidden-size``, else that of what ``--load`` reads, else the original's.
 
     Raises:
@@ -127,7 +128,11 @@ def hidden_size(config: TrainConfig, paths: RunPaths) -> int:
     """
     if config.hidden_size is not None:
         return config.hidden_size
-    return (loaded_hidden_size(paths) if config.load else None) or HIDDEN_SIZE
+    if not config.load:
+        return HIDDEN_SIZE
+    # The state `plan` read already, else the file --load reads (a .dat alone: no state).
+    width = lstm_width(state.model) if state is not None else loaded_hidden_size(paths)
+    return width or HIDDEN_SIZE
 
 
 def read_state(path: Path, config: TrainConfig, statistics: bool) -> TrainingState:
