@@ -539,12 +539,16 @@ SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}  # what a results row nee
 
 
 def results_table(paths: list[str | Path]) -> str:
-    """A markdown table from `gym_eval.py` JSON summaries, one row per file."""
+    """The README's results table from `gym_eval.py` JSON summaries, one row per file.
+
+    Under the table, each row's training command, with the flags its later parts changed.
+    """
     rows = [
-        "| game | evaluated under | trained under | frames trained | wall time | hardware "
-        "| mean ± std | best | games | command |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| game | score ± std (100 games) | evaluated under | trained under | frames | hours "
+        "| hardware |",
+        "|---|---|---|---|---|---|---|",
     ]
+    commands: list[str] = []
     for path in paths:
         wanted = "pass <log-dir><env>_eval.json files"
         try:
@@ -563,41 +567,58 @@ def results_table(paths: list[str | Path]) -> str:
             raise UsageError(f"{str(path)!r} is not a gym_eval.py summary; {wanted}")
         try:
             rows.append(_results_row(summary))
+            command = _training_command(summary)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             raise UsageError(
                 f"{str(path)!r} is not a gym_eval.py summary this version reads ({err!r}); "
                 "evaluate the model again to remake it"
             ) from None
-    return "\n".join(rows)
+        if command not in commands:  # two protocols' rows of one run: its command once
+            commands.append(command)
+    return "\n".join([*rows, "", "Trained with:", "", *commands])
+
+
+def results_anchor(env: str) -> str:
+    """The anchor of `env`'s section in docs/results.md (GitHub's, for a heading ``## <env>``)."""
+    return re.sub(r"[^\w\- ]", "", env.lower()).replace(" ", "-")
 
 
 def _results_row(summary: dict[str, Any]) -> str:
     """One row of `results_table` (a value of the wrong type raises TypeError or ValueError)."""
     training = summary.get("training") or {}
-    games = f"{summary['games']}" + (" (interrupted)" if summary.get("interrupted") else "")
+    games = summary["games"]
+    interrupted = ", interrupted" if summary.get("interrupted") else ""
+    played = f" ({games} games{interrupted})" if games != 100 or interrupted else ""
     frames = training.get("frames")
     seconds = training.get("seconds")
-    command = training.get("command")
+    hours = seconds / 3600 if seconds is not None else None
     return (
-        "| {env} | {played} | {trained} | {frames} | {wall} | {hw} | {mean:.2f} ± {std:.2f} "
-        "| {best:g} | {games} | `{cmd}`{resumed} |".format(
+        "| [{env}](docs/results.md#{anchor}) | {mean:.2f} ± {std:.2f}{played} | {evaluated} "
+        "| {trained} | {frames} | {hours} | {hw} |".format(
             env=summary["env"],
-            played=describe_protocol(summary.get("protocol")),
-            trained=describe_protocol(training.get("protocol"), full=False),
-            frames=f"{frames:,}" if frames is not None else "?",
-            wall=f"{seconds / 60:.1f} min" if seconds is not None else "?",
-            hw=training.get("hardware") or "?",
+            anchor=results_anchor(summary["env"]),
             mean=summary["mean"],
             std=summary["std"],
-            best=summary["best"],
-            games=games,
-            cmd=without_folders(command) if command else "?",
-            resumed=resumed_note(
-                training.get("sittings", 1),
-                training.get("restarts", 0),
-                training.get("commands"),
-            ),
+            played=played,
+            evaluated=describe_protocol(summary.get("protocol")),
+            trained=describe_protocol(training.get("protocol"), full=False),
+            frames=f"{frames:,}" if frames is not None else "?",
+            # Tenths of an hour, or two figures for a run shorter than one (CartPole's 0.015).
+            hours="?" if hours is None else f"{hours:.1f}" if hours >= 0.95 else f"{hours:.2g}",
+            hw=training.get("hardware") or "?",
         )
+    )
+
+
+def _training_command(summary: dict[str, Any]) -> str:
+    """A list item under `results_table`: the row's env, its training command and later parts."""
+    training = summary.get("training") or {}
+    command = training.get("command")
+    resumed = resumed_note(
+        training.get("sittings", 1), training.get("restarts", 0), training.get("commands")
+    )
+    return "- {env}: `{cmd}`{resumed}".format(
+        env=summary["env"], cmd=without_folders(command) if command else "?", resumed=resumed
     )
 
 

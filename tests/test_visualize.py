@@ -511,33 +511,51 @@ def test_results_table_from_eval_summaries(tmp_path):
     path = tmp_path / "CartPole-v1_eval.json"
     path.write_text(json.dumps(summary))
     table = results_table([path]).splitlines()
-    assert table[0].startswith("| game | evaluated under | trained under | frames trained |")
-    assert table[2] == (
-        "| CartPole-v1 | ? | ? | 250,000 | 1.4 min | 2 CPU cores | 500.00 ± 0.00 | 500 | 100 "
-        "| `python main.py --env CartPole-v1` |"
+    assert table[0] == (
+        "| game | score ± std (100 games) | evaluated under | trained under | frames | hours "
+        "| hardware |"
     )
+    # The row links to the game's section of docs/results.md; 84 s are 0.023 hours.
+    assert table[2] == (
+        "| [CartPole-v1](docs/results.md#cartpole-v1) | 500.00 ± 0.00 | ? | ? | 250,000 | 0.023 "
+        "| 2 CPU cores |"
+    )
+    command = "- CartPole-v1: `python main.py --env CartPole-v1`"
+    assert table[3:] == ["", "Trained with:", "", command]
     summary["protocol"] = protocol("PongNoFrameskip-v4", 4, 10000, 0.25)
     summary["training"]["protocol"] = protocol("PongNoFrameskip-v4", 4, 10000)
+    summary["training"]["seconds"] = 22_902.0  # 381.7 minutes: tenths of an hour
+    summary["env"] = "ALE/Pong-v5"  # the anchor GitHub gives the heading "## ALE/Pong-v5"
     path.write_text(json.dumps(summary))
     cells = results_table([path]).splitlines()[2].split(" | ")
-    assert cells[1:3] == [
+    assert cells[0] == "| [ALE/Pong-v5](docs/results.md#alepong-v5)"
+    assert cells[2:6] == [
         "sticky 0.25, skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps",
         "deterministic",
+        "250,000",
+        "6.4",
     ]
+    summary["env"] = "CartPole-v1"
     summary["training"]["command"] += " --log-dir /work/run/logs/ -smd /work/m --load-model-dir=x"
     summary["training"]["sittings"] = 3  # a run resumed twice: its first command, and so
     path.write_text(json.dumps(summary))
-    row = results_table([path]).splitlines()[2]
-    assert row.endswith(
-        "| `python main.py --env CartPole-v1` (resumed with `--load`: 3 parts in all) |"
+    command = results_table([path]).splitlines()[-1]
+    assert command == (
+        "- CartPole-v1: `python main.py --env CartPole-v1` (resumed with `--load`: 3 parts in all)"
     )
     summary["training"]["restarts"] = 1
     path.write_text(json.dumps(summary))
     assert (
         results_table([path])
-        .splitlines()[2]
-        .endswith("(resumed with `--load`: 3 parts in all, 1 of them from the `.dat` alone) |")
+        .splitlines()[-1]
+        .endswith("(resumed with `--load`: 3 parts in all, 1 of them from the `.dat` alone)")
     )
+    # Two protocols' rows of one run give two rows and its command once.
+    other = tmp_path / "sticky" / "CartPole-v1_eval.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({**summary, "mean": 480.0}))
+    both = results_table([path, other]).splitlines()
+    assert len(both) == 2 + 2 + 3 + 1 and both[3].startswith("| [CartPole-v1]")
     # Parts whose flags changed (a new lr, fp32 on another machine) are named with the
     # flags that differ from the first part's; --load, the folders and a part with no command
     # known change nothing.
@@ -550,10 +568,10 @@ def test_results_table_from_eval_summaries(tmp_path):
     path.write_text(json.dumps(summary))
     assert (
         results_table([path])
-        .splitlines()[2]
+        .splitlines()[-1]
         .endswith(
             "(resumed with `--load`: 6 parts in all, 1 of them from the `.dat` alone; "
-            "parts 3-5: `--lr 0.0003`; part 6: as part 1) |"
+            "parts 3-5: `--lr 0.0003`; part 6: as part 1)"
         )
     )
     # Short forms and --flag=value are the long flag; negative numbers are values.
@@ -581,17 +599,21 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     }  # fmt: skip
     path = tmp_path / "CartPole-v1_eval.json"
     path.write_text(json.dumps(summary))
-    cells = results_table([path]).splitlines()[2].split(" | ")
-    assert cells[1:3] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
-    assert cells[5] == "?"  # a record without hardware
-    assert cells[9] == "`?` |"  # ... and without a command
-    assert cells[8] == "37 (interrupted)"
+    lines = results_table([path]).splitlines()
+    cells = lines[2].split(" | ")
+    assert cells[1] == "480.50 ± 3.00 (37 games, interrupted)"
+    assert cells[2:4] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
+    assert cells[4:7] == ["?", "?", "? |"]  # a record without frames, time or hardware
+    assert lines[-1] == "- CartPole-v1: `?`"  # ... and without a command
+    summary.update(games=50, interrupted=False)
+    path.write_text(json.dumps(summary))
+    assert results_table([path]).splitlines()[2].split(" | ")[1] == "480.50 ± 3.00 (50 games)"
     # --stall-steps changes scores, so a row says it; a summary with a value of the wrong
     # type is one line, not a traceback.
     summary["protocol"] = protocol("CartPole-v1", 4, 10000, stall_steps=200)
     path.write_text(json.dumps(summary))
     cells = results_table([path]).splitlines()[2].split(" | ")
-    assert cells[1] == "not an ALE game, cap 500 steps, games cut after 200 steps without a reward"
+    assert cells[2] == "not an ALE game, cap 500 steps, games cut after 200 steps without a reward"
     path.write_text(json.dumps({**summary, "mean": "a"}))
     with pytest.raises(UsageError, match="is not a gym_eval.py summary this version reads"):
         results_table([path])
