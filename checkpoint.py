@@ -23,7 +23,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -361,33 +361,23 @@ class TrainingState:
 
     def save(self, path: str | Path) -> None:
         """Write the state atomically (an OSError leaves the previous file intact)."""
+        layout = {f.name: getattr(self, f.name) for f in fields(self)}
+        normalizers = {str(rank): s for rank, s in layout.pop("worker_normalizers").items()}
+        if (test_normalizer := layout.pop("test_normalizer")) is not None:
+            normalizers["test"] = test_normalizer
         rewards = [float(r) for r in self.test_rewards]
-        normalizers: dict[str, Any] = {str(rank): s for rank, s in self.worker_normalizers.items()}
-        if self.test_normalizer is not None:
-            normalizers["test"] = self.test_normalizer
-        layout = {
-            "format": STATE_FORMAT,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "steps": self.steps,
-            "frames": self.frames,
-            "elapsed": self.elapsed,
-            "skipped_updates": self.skipped_updates,
-            "test_rewards": rewards,
-            "test": (
-                {"games": len(rewards), "reward_total": sum(rewards), "best": max(rewards)}
-                if rewards
-                else {}
-            ),
-            "training_games": [list(game) for game in self.training_games],
-            "normalizers": normalizers,
-            "tensorboard_dir": self.tensorboard_dir,
-            "config": self.config,
-            "saved_at": self.saved_at,
-            "dat_score": self.dat_score,
-            "dat_trained": self.dat_trained,
-            "log_dir": self.log_dir,
+        best = {
+            "games": len(rewards),
+            "reward_total": sum(rewards),
+            "best": max(rewards, default=0),
         }
+        layout.update(
+            format=STATE_FORMAT,
+            test_rewards=rewards,
+            test=best if rewards else {},
+            training_games=[list(game) for game in self.training_games],
+            normalizers=normalizers,
+        )
         save_atomic(layout, path)
 
     @staticmethod
@@ -416,32 +406,15 @@ class TrainingState:
             UsageError: see `read_file`.
         """
         raw = cls.read_file(path)
+        given = {f.name: raw[f.name] for f in fields(cls) if raw.get(f.name) is not None}
+        state = cls(**{"model": None, **given})
         normalizers = dict(raw.get("normalizers") or {})
-        test_normalizer = normalizers.pop("test", None)
-        rewards = [float(r) for r in raw.get("test_rewards", [])]
-        config = dict(raw.get("config") or {})
-        if "dat_score" in raw:
-            dat_score = None if raw["dat_score"] is None else float(raw["dat_score"])
-        else:  # an older file: a --save-max run's .dat held its best game's weights
-            dat_score = max(rewards) if config.get("save_max") and rewards else None
-        return cls(
-            model=raw.get("model"),
-            optimizer=raw.get("optimizer"),
-            steps=int(raw.get("steps", 0)),
-            frames=int(raw.get("frames", 0)),
-            elapsed=float(raw.get("elapsed", 0.0)),
-            skipped_updates=int(raw.get("skipped_updates", 0)),
-            test_rewards=rewards,
-            training_games=[list(game) for game in raw.get("training_games", [])],
-            worker_normalizers={int(rank): s for rank, s in normalizers.items()},
-            test_normalizer=test_normalizer,
-            tensorboard_dir=str(raw.get("tensorboard_dir") or ""),
-            config=config,
-            saved_at=float(raw.get("saved_at", 0.0)),
-            dat_score=dat_score,
-            dat_trained=trained if isinstance(trained := raw.get("dat_trained"), dict) else None,
-            log_dir=str(raw.get("log_dir") or ""),
-        )
+        state.test_normalizer = normalizers.pop("test", None)
+        state.worker_normalizers = {int(rank): s for rank, s in normalizers.items()}
+        state.test_rewards = [float(r) for r in state.test_rewards]
+        if "dat_score" not in raw and state.config.get("save_max") and state.test_rewards:
+            state.dat_score = max(state.test_rewards)  # an older file: its .dat held the best
+        return state
 
 
 # Where a run's files go

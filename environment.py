@@ -213,14 +213,8 @@ def protocol(
     if spec.entry_point != ATARI_ENTRY_POINT:
         cap = vector_episode_cap(spec, max_episode_length)
         return {"env": env_id, "episode_cap_steps": cap, **stall}
-    ale_skip = spec.kwargs.get("frameskip", 1)
-    we_skip = ale_skip == 1
-    if we_skip:
-        low, high = skip_bounds(skip_rate)
-    elif isinstance(ale_skip, tuple):
-        low, high = ale_skip[0], ale_skip[1] - 1  # ALE draws from [low, high)
-    else:
-        low = high = ale_skip
+    low, high = ale_step_frames(spec, skip_rate)
+    we_skip = spec.kwargs.get("frameskip", 1) == 1
     skip: int | list[int] = high if low == high else [low, high]
     return {
         "env": env_id,
@@ -264,12 +258,20 @@ def episode_frames(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
         return 0, 1
+    step_frames = ale_step_frames(spec, skip_rate)[1]
+    return max_episode_length * step_frames, step_frames
+
+
+def ale_step_frames(spec: RegisteredSpec, skip_rate: FrameSkip) -> tuple[int, int]:
+    """The fewest and the most raw frames one agent step takes on an ALE game.
+
+    NoFrameskip ids skip as the flags say; the others skip in ALE, a fixed count or a random
+    ``[low, high)`` (the old ``-v0`` ids: 2-4).
+    """
     ale_skip = spec.kwargs.get("frameskip", 1)
     if ale_skip == 1:
-        step_frames = skip_bounds(skip_rate)[1]
-    else:  # the old ids skip a random [low, high) frames
-        step_frames = ale_skip if isinstance(ale_skip, int) else ale_skip[1] - 1
-    return max_episode_length * step_frames, step_frames
+        return skip_bounds(skip_rate)
+    return (ale_skip[0], ale_skip[1] - 1) if isinstance(ale_skip, tuple) else (ale_skip, ale_skip)
 
 
 def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
@@ -291,11 +293,8 @@ def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
     spec = lookup_spec(env_id)
     if spec.entry_point != ATARI_ENTRY_POINT:
         return 1
-    ale_skip = spec.kwargs.get("frameskip", 1)
-    if ale_skip == 1:
-        low, high = skip_bounds(skip_rate)
-        return high if low == high else (low + high) / 2
-    return ale_skip if isinstance(ale_skip, int) else 3
+    low, high = ale_step_frames(spec, skip_rate)
+    return high if low == high else (low + high) / 2
 
 
 # Atari wrappers, innermost first

@@ -1,12 +1,9 @@
-"""The launcher's view of a run: TensorBoard, the status line, the run record (with versions)."""
+"""The launcher's view of a run: TensorBoard, the status line, the run's counters."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,64 +13,12 @@ import torch
 from torch import nn
 
 from checkpoint import RunPaths, TrainingState, file_sha256, write_json_atomic
-from cli import TrainConfig, as_dict
-from environment import protocol
-from run_folder import chained_record
+from cli import TrainConfig
+from run_folder import start_record
 from shared_optim import scheduled_lr
 from utils import ProcessContext, format_elapsed
 
 TENSORBOARD_SECONDS = 20.0  # --status-interval 0's; not every poll: histograms would take GBs
-
-
-def versions() -> dict[str, str]:
-    """Versions of Python and the libraries a result depends on."""
-    import platform
-
-    import cv2
-    import gymnasium
-    import numpy
-
-    out = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gymnasium": gymnasium.__version__,
-        "numpy": numpy.__version__,
-        "opencv": cv2.__version__,
-    }
-    try:
-        import ale_py
-
-        out["ale_py"] = ale_py.__version__
-    except ImportError:
-        out["ale_py"] = "not installed"
-    return out
-
-
-def hardware(gpu_ids: Sequence[int]) -> str:
-    """``"2 CPU cores"`` or ``"1x NVIDIA H100 + 16 CPU cores"``: what a run ran on."""
-    cores = f"{os.cpu_count()} CPU cores"
-    if list(gpu_ids) == [-1] or not torch.cuda.is_available():
-        return cores
-    names = [torch.cuda.get_device_name(i) for i in sorted(set(gpu_ids))]
-    grouped = {name: names.count(name) for name in names}
-    return " + ".join([f"{n}x {name}" for name, n in grouped.items()] + [cores])
-
-
-def git_commit() -> str | None:
-    """The checkout's commit, if this is a git checkout."""
-    import subprocess
-
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() or None
 
 
 class RunMonitor:
@@ -133,33 +78,15 @@ class RunMonitor:
             hx, cx = self.model.initial_state(1)
             dummy = torch.zeros(1, *self.observation_shape)
             self.writer.add_graph(self.model, (dummy, hx, cx))
-        record: dict[str, Any] = {
-            "env": self.config.env,
-            "command": shlex.join(["python", *sys.argv]),
-            "config": {**as_dict(self.config), "tensorboard_dir": self.tensorboard_dir},
-            "versions": versions(),
-            "hardware": hardware(self.config.gpu_ids),
-            "protocol": protocol(
-                self.config.env,
-                self.config.frame_skip,
-                self.config.max_episode_length,
-                self.config.repeat_action_probability,
-            ),
-            "git_commit": git_commit(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        if resumed_from is not None:
-            record["resumed_from"] = resumed_from
-        elif weights_from is not None:
-            record["loaded_weights_from"] = weights_from
-        previous = chained_record(
-            Path(self.record_path), Path(self.tensorboard_dir).name, self.log,
-            resumed_from, weights_from, earlier_record,
-        )  # fmt: skip
-        if previous is not None:
-            history = previous.pop("previous_runs", None) or []
-            record["previous_runs"] = [*history, previous]
-        write_json_atomic(record, self.record_path)
+        record = start_record(
+            self.config,
+            self.tensorboard_dir,
+            Path(self.record_path),
+            self.log,
+            resumed_from,
+            weights_from,
+            earlier_record,
+        )
         self.record = record  # only once written: `Launcher.open_record` reads it so
 
     @property

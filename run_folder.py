@@ -13,8 +13,11 @@ import itertools
 import json
 import logging
 import os
+import shlex
+import subprocess
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +38,10 @@ from checkpoint import (
     loaded_hidden_size,
     lstm_width,
     refuse_another_run,
+    write_json_atomic,
 )
 from cli import TrainConfig, as_dict
-from environment import saved_frame_skip, skip_bounds, skip_flags, skip_text
+from environment import protocol, saved_frame_skip, skip_bounds, skip_flags, skip_text
 from model import HIDDEN_SIZE
 from shared_optim import scheduled_lr
 from utils import UsageError, check_writable, format_elapsed, refuse_folders_named_as
@@ -438,6 +442,89 @@ def run_totals(record: dict[str, Any]) -> dict[str, Any]:
         "sittings": len(sittings),
         "restarts": max(0, len(chains) - 1),
     }
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries a result depends on."""
+    import platform
+
+    import ale_py
+    import cv2
+    import gymnasium
+    import numpy
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "numpy": numpy.__version__,
+        "opencv": cv2.__version__,
+        "ale_py": ale_py.__version__,
+    }
+
+
+def hardware(gpu_ids: Sequence[int]) -> str:
+    """``"2 CPU cores"`` or ``"1x NVIDIA H100 + 16 CPU cores"``: what a run ran on."""
+    cores = f"{os.cpu_count()} CPU cores"
+    if list(gpu_ids) == [-1] or not torch.cuda.is_available():
+        return cores
+    names = [torch.cuda.get_device_name(i) for i in sorted(set(gpu_ids))]
+    grouped = {name: names.count(name) for name in names}
+    return " + ".join([f"{n}x {name}" for name, n in grouped.items()] + [cores])
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, if this is a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def start_record(
+    config: TrainConfig,
+    tensorboard_dir: str,
+    record_path: Path,
+    log: logging.Logger,
+    resumed_from: str | None = None,
+    weights_from: str | None = None,
+    earlier_record: Path | None = None,
+) -> dict[str, Any]:
+    """Write a sitting's run record at its start, chained to the earlier sittings'; return it."""
+    record: dict[str, Any] = {
+        "env": config.env,
+        "command": shlex.join(["python", *sys.argv]),
+        "config": {**as_dict(config), "tensorboard_dir": tensorboard_dir},
+        "versions": versions(),
+        "hardware": hardware(config.gpu_ids),
+        "protocol": protocol(
+            config.env,
+            config.frame_skip,
+            config.max_episode_length,
+            config.repeat_action_probability,
+        ),
+        "git_commit": git_commit(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if resumed_from is not None:
+        record["resumed_from"] = resumed_from
+    elif weights_from is not None:
+        record["loaded_weights_from"] = weights_from
+    previous = chained_record(
+        record_path, Path(tensorboard_dir).name, log, resumed_from, weights_from, earlier_record
+    )
+    if previous is not None:
+        history = previous.pop("previous_runs", None) or []
+        record["previous_runs"] = [*history, previous]
+    write_json_atomic(record, record_path)
+    return record
 
 
 def chained_record(

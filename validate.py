@@ -116,15 +116,14 @@ def train_problems(config: TrainConfig) -> list[str]:
             "--lr-schedule linear falls to 0 at --max-steps, which is 0 (no limit); give "
             "--max-steps N, or use --lr-schedule constant"
         )
-    if not (math.isfinite(config.test_interval) and config.test_interval >= 0):
-        problems.append(f"--test-interval must be 0 or more seconds, got {config.test_interval}")
     if not 0 <= config.test_niceness <= 19:
         problems.append(f"--test-niceness must be in 0..19, got {config.test_niceness}")
     for size in config.distributed_step_size:
         if size < 1:
             problems.append(f"--distributed-step-size values must be at least 1, got {size}")
-    if not (math.isfinite(config.lr) and config.lr > 0):
-        problems.append(f"--lr must be a positive number, got {config.lr}")
+    for name, value in (("--lr", config.lr), ("--reward-scale", config.reward_scale)):
+        if not (math.isfinite(value) and value > 0):
+            problems.append(f"{name} must be a positive number, got {value}")
     for name, value in (("--gamma", config.gamma), ("--tau", config.tau)):
         if not 0 < value <= 1:
             problems.append(f"{name} must be in (0, 1], got {value}")
@@ -135,13 +134,12 @@ def train_problems(config: TrainConfig) -> list[str]:
         if not (math.isfinite(value) and value >= 0):
             problems.append(f"{name} must be a non-negative number, got {value}")
     for name, value in (
+        ("--test-interval", config.test_interval),
         ("--state-interval", config.state_interval),
         ("--status-interval", config.status_interval),
     ):
         if not (math.isfinite(value) and value >= 0):
             problems.append(f"{name} must be 0 or more seconds, got {value}")
-    if not (math.isfinite(config.reward_scale) and config.reward_scale > 0):
-        problems.append(f"--reward-scale must be a positive number, got {config.reward_scale}")
     if config.nodes < 0:
         problems.append(f"--nodes must be 0 (every node) or more, got {config.nodes}")
     if not (math.isfinite(config.sync_interval) and config.sync_interval > 0):
@@ -159,35 +157,27 @@ def train_problems(config: TrainConfig) -> list[str]:
             "host:port (the port 'ray start --head' printed, 6379 by default; an IPv6 host in "
             "brackets, [::1]:6379)"
         )
-    if not config.ray_address and config.sync_interval != SYNC_INTERVAL:
-        problems.append(
-            f"--sync-interval {config.sync_interval:g} needs --ray-address (auto, host:port or "
-            "local); drop it for a single-machine run"
-        )
+    cluster_only = (
+        (config.sync_interval != SYNC_INTERVAL, f"--sync-interval {config.sync_interval:g}"),
+        (config.exchange_precision != "fp32", f"--exchange-precision {config.exchange_precision}"),
+        (config.exchange_statistics, "--exchange-statistics"),
+        (config.nodes, f"--nodes {config.nodes}"),
+    )
+    for given, flag in cluster_only if not config.ray_address else ():
+        if given:
+            problems.append(
+                f"{flag} needs --ray-address (auto, host:port or local); drop it to train on "
+                "this machine alone"
+            )
     if config.amsgrad and config.optimizer != "Adam":
         problems.append(
             f"--amsgrad is a variant of Adam and --optimizer is {config.optimizer}; drop "
             "--amsgrad, or pass --optimizer Adam"
         )
-    if not config.ray_address and config.exchange_precision != "fp32":
-        problems.append(
-            f"--exchange-precision {config.exchange_precision} needs --ray-address (auto, "
-            "host:port or local); drop it for a single-machine run"
-        )
-    if config.exchange_statistics and not config.ray_address:
-        problems.append(
-            "--exchange-statistics needs --ray-address (auto, host:port or local); on one "
-            "machine the shared optimizer's statistics are every worker's already"
-        )
     if config.exchange_statistics and not config.shared_optimizer:
         problems.append(
             "--exchange-statistics exchanges the shared optimizer's statistics; drop "
             "--no-shared-optimizer (one optimizer per worker has none to exchange)"
-        )
-    if not config.ray_address and config.nodes:
-        problems.append(
-            f"--nodes {config.nodes} needs --ray-address (auto, host:port or local); drop it "
-            "to train on this machine"
         )
     if -1 in config.gpu_ids and len(config.gpu_ids) > 1:
         problems.append(
