@@ -11,21 +11,13 @@ Each worker counts its steps in its own slot of a shared vector, and an update u
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import optim
 
-from utils import UsageError
-
 Params = Iterable[torch.Tensor] | Iterable[dict]
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{name} must be a positive number, got {value!r}")
 
 
 def _same_setting(a: Any, b: Any) -> bool:
@@ -136,12 +128,8 @@ class _SharedOptimizer(optim.Optimizer):
         raise NotImplementedError
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self) -> None:
         """Apply one update with the gradients currently on the parameters."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
         self.step_counts[self.slot] += 1
         # One read for the whole update: other workers count on meanwhile (Hogwild).
         step = float(self.step_counts.sum())
@@ -151,11 +139,7 @@ class _SharedOptimizer(optim.Optimizer):
                     continue
                 state = self.state[param]
                 state["step"].fill_(step)  # torch's layout, for state_dict and readers
-                grad = param.grad
-                if group["weight_decay"] != 0:
-                    grad = grad.add(param, alpha=group["weight_decay"])
-                self._update(param, grad, state, group, step)
-        return loss
+                self._update(param, param.grad, state, group, step)
 
     def state_dict(self) -> dict[str, Any]:
         """The state in torch's layout, every ``step`` the count of all workers' updates."""
@@ -203,25 +187,11 @@ class SharedRMSprop(_SharedOptimizer):
         lr: float = 7e-4,
         alpha: float = 0.99,
         eps: float = 0.1,
-        weight_decay: float = 0,
-        momentum: float = 0,
         centered: bool = False,
         slots: int = 1,
     ):
         """Create the optimizer and its (not yet shared) state, a step slot per process."""
-        _check_positive("lr", lr)
-        _check_positive("eps", eps)
-        if not 0.0 <= alpha < 1.0:
-            raise UsageError(f"RMSprop alpha must be in [0, 1), got {alpha!r}")
-        defaults = dict(
-            lr=lr,
-            alpha=alpha,
-            eps=eps,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            centered=centered,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, centered=centered))
         self._create_state(slots)
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
@@ -229,15 +199,13 @@ class SharedRMSprop(_SharedOptimizer):
             "step": torch.zeros((), dtype=torch.float64),  # exact past 2**24 updates
             "square_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
         }
-        if group["momentum"] > 0:
-            state["momentum_buffer"] = torch.zeros_like(param)
         if group["centered"]:
             state["grad_avg"] = torch.zeros_like(param)
         return state
 
     def _decays(self, group: dict) -> dict[str, float]:
         alpha = group["alpha"]
-        return {"square_avg": alpha, "grad_avg": alpha, "momentum_buffer": group["momentum"]}
+        return {"square_avg": alpha, "grad_avg": alpha}
 
     def _update(
         self,
@@ -256,13 +224,7 @@ class SharedRMSprop(_SharedOptimizer):
             avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
         else:
             avg = square_avg.sqrt()
-        avg = avg.add_(eps)
-        if group["momentum"] > 0:
-            buf = state["momentum_buffer"]
-            buf.mul_(group["momentum"]).addcdiv_(grad, avg)
-            param.add_(buf, alpha=-lr)
-        else:
-            param.addcdiv_(grad, avg, value=-lr)
+        param.addcdiv_(grad, avg.add_(eps), value=-lr)
 
 
 class SharedAdam(_SharedOptimizer):
@@ -274,18 +236,11 @@ class SharedAdam(_SharedOptimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-3,
-        weight_decay: float = 0,
         amsgrad: bool = False,
         slots: int = 1,
     ):
         """Create the optimizer and its (not yet shared) state, a step slot per process."""
-        _check_positive("lr", lr)
-        _check_positive("eps", eps)
-        for beta in betas:
-            if not 0.0 <= beta < 1.0:
-                raise UsageError(f"Adam betas must be in [0, 1), got {betas!r}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, amsgrad=amsgrad))
         self._create_state(slots)
 
     def _init_state(self, param: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:

@@ -10,7 +10,6 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from shared_optim import SharedAdam, SharedRMSprop, scheduled_lr, set_lr
-from utils import UsageError
 
 
 def small_net(seed: int = 0) -> nn.Module:
@@ -30,10 +29,9 @@ def set_grads(model: nn.Module, step: int) -> None:
 CASES = [
     (SharedAdam, torch.optim.Adam, dict(lr=1e-2, eps=1e-3)),
     (SharedAdam, torch.optim.Adam, dict(lr=1e-2, eps=1e-3, amsgrad=True)),
-    (SharedAdam, torch.optim.Adam, dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-8, weight_decay=0.1)),
+    (SharedAdam, torch.optim.Adam, dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-8)),
     (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.99, eps=0.1)),
     (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, eps=1e-5, centered=True)),
-    (SharedRMSprop, torch.optim.RMSprop, dict(lr=1e-3, eps=0.1, momentum=0.9, weight_decay=0.01)),
 ]
 
 
@@ -72,10 +70,10 @@ def test_defaults_are_the_originals():
     params = list(small_net().parameters())
     adam = SharedAdam(params).defaults
     assert adam["lr"] == 1e-3 and adam["eps"] == 1e-3 and adam["betas"] == (0.9, 0.999)
-    assert adam["amsgrad"] is False and adam["weight_decay"] == 0
+    assert adam["amsgrad"] is False
     rms = SharedRMSprop(params).defaults
     assert rms["lr"] == 7e-4 and rms["eps"] == 0.1 and rms["alpha"] == 0.99
-    assert rms["momentum"] == 0 and rms["centered"] is False
+    assert rms["centered"] is False
 
 
 def test_state_exists_up_front_and_moves_to_shared_memory():
@@ -146,21 +144,6 @@ def test_loading_statistics_with_the_same_settings_reports_no_change():
     saved = opt.state_dict()
     saved["param_groups"][0]["betas"] = list(saved["param_groups"][0]["betas"])
     assert SharedAdam(small_net().parameters(), lr=1e-4, amsgrad=True).load_statistics(saved) == {}
-
-
-@pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda p: SharedAdam(p, lr=0), "lr must be a positive number, got 0"),
-        (lambda p: SharedAdam(p, lr=float("nan")), "lr must be a positive number"),
-        (lambda p: SharedAdam(p, betas=(0.9, 1.0)), "betas must be in"),
-        (lambda p: SharedRMSprop(p, lr=-1), "lr must be a positive number, got -1"),
-        (lambda p: SharedRMSprop(p, alpha=1.5), "alpha must be in"),
-    ],
-)
-def test_bad_hyperparameters_are_rejected(make, message):
-    with pytest.raises(UsageError, match=message):
-        make(small_net().parameters())
 
 
 # -- the learning-rate schedule -----------------------------------------------------------------
