@@ -44,32 +44,18 @@ RAY_EXCLUDES = [
 ]  # fmt: skip
 """What the other machines do not need from this checkout (Ray's ``working_dir`` upload)."""
 
-STOP_SECONDS = 60.0
-"""How long the driver waits for the nodes' final exchange when the run stops."""
-
+STOP_SECONDS = 60.0  # how long the driver waits for the nodes' final exchange at the stop
+# How long the driver waits for one answer of the parameter server, and a node for its join;
+# past it the server is taken as lost, so Ctrl-C and the final save never wait for good.
 SERVER_SECONDS = 60.0
-"""How long the driver waits for one answer of the parameter server, and a node for its join;
-past it the server is taken as lost, so Ctrl-C and the final save never wait for good."""
-
-ADOPT_SECONDS = 10.0
-"""How often the driver looks for alive nodes without a launcher (a node back, or a new one)."""
-
-MAX_STARTS = 3
-"""Launchers started on one node at most: a node whose launcher keeps dying is left alone."""
-
+ADOPT_SECONDS = 10.0  # how often the driver looks for alive nodes without a launcher
+MAX_STARTS = 3  # launchers started on one node at most: one that keeps dying is left alone
+# How long after a loss a launcher is restarted on the same node: Ray lists a machine that
+# died as alive until its health check gives up on it (about 15 s by default).
 RESTART_SECONDS = 20.0
-"""How long after a loss a launcher is restarted on the same node: Ray lists a machine that
-died as alive until its health check gives up on it (about 15 s by default)."""
-
-BUSY_LOAD = 1.0
-"""The exchange load (`exchange_load`) at which the driver warns: the exchanges overlap."""
-
-BUSY_WINDOW_SECONDS = 60.0
-"""The driver judges the exchange load over windows this long."""
-
-BUSY_WARNING_SECONDS = 300.0
-"""The least time between two warnings of a high exchange load."""
-
+BUSY_LOAD = 1.0  # the exchange load (`exchange_load`) at which the driver warns: they overlap
+BUSY_WINDOW_SECONDS = 60.0  # the driver judges the exchange load over windows this long
+BUSY_WARNING_SECONDS = 300.0  # the least time between two warnings of a high exchange load
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -104,19 +90,15 @@ def set_flat(model: nn.Module, weights: np.ndarray) -> None:
 def _write_flat(
     model: nn.Module, flat: np.ndarray, write: Callable[[torch.Tensor, torch.Tensor], object]
 ) -> None:
-    _check_size(model, flat)
+    expected = sum(p.numel() for p in model.parameters())
+    if flat.shape != (expected,):
+        raise ValueError(f"expected {expected} weights, got {flat.size}")
     offset = 0
     with torch.no_grad():
         for param in model.parameters():
             size = param.numel()
             write(param, _tensor(flat[offset : offset + size]).view_as(param))
             offset += size
-
-
-def _check_size(model: nn.Module, flat: np.ndarray) -> None:
-    expected = sum(p.numel() for p in model.parameters())
-    if flat.shape != (expected,):
-        raise ValueError(f"expected {expected} weights, got {flat.size}")
 
 
 # The fp16 arithmetic runs on torch views of the numpy arrays: torch's fp16 ops are faster.
@@ -278,16 +260,6 @@ def decay_runs(values: np.ndarray, decays: np.ndarray, sizes: np.ndarray) -> Non
         start += size
 
 
-def merge_statistics(
-    averages: np.ndarray, new: np.ndarray, decays: np.ndarray, sizes: np.ndarray
-) -> None:
-    """``averages = decays * averages + new`` in place, one decay per run of `sizes` values."""
-    if new.shape != averages.shape or int(np.sum(sizes)) != averages.size:
-        raise ValueError(f"expected {averages.size} statistics, got {new.size}")
-    decay_runs(averages, decays, sizes)
-    add_into(averages, new)
-
-
 class ParameterServer:
     """The global weights, the sum of every node's pushes (run as a Ray actor on the head).
 
@@ -305,8 +277,8 @@ class ParameterServer:
         self.node_skipped: dict[str, int] = {}
         self.pushes: dict[str, int] = {}
         self.bytes_exchanged = 0
-        self.round_trips: dict[str, tuple[int, float]] = {}
-        self.recent_round_trips = (0, 0.0)
+        self.round_trips = (0, 0.0)  # the whole run's: count, total milliseconds
+        self.recent_round_trips: list[float] = []
         self.timed: set[tuple[str, int]] = set()
         self.reports: list[dict[str, Any]] = []
         self.views: dict[str, np.ndarray] = {}
@@ -356,11 +328,10 @@ class ParameterServer:
         self.node_skipped[node] = skipped
         self.bytes_exchanged += change.nbytes + answer.nbytes
         if last_round_trip_ms is not None:
-            count, total = self.round_trips.get(node, (0, 0.0))
-            self.round_trips[node] = (count + 1, total + last_round_trip_ms)
+            count, total = self.round_trips
+            self.round_trips = (count + 1, total + last_round_trip_ms)
             if (node, generation) in self.timed:
-                count, total = self.recent_round_trips
-                self.recent_round_trips = (count + 1, total + last_round_trip_ms)
+                self.recent_round_trips.append(last_round_trip_ms)
             self.timed.add((node, generation))
         if last:
             self.final_answers[node] = weights_digest(answer)
@@ -381,7 +352,10 @@ class ParameterServer:
         """
         if self.statistics is None:
             self.statistics = np.zeros_like(new, dtype=np.float32)
-        merge_statistics(self.statistics, new, decays, sizes)
+        if new.shape != self.statistics.shape or int(np.sum(sizes)) != new.size:
+            raise ValueError(f"expected {self.statistics.size} statistics, got {new.size}")
+        decay_runs(self.statistics, decays, sizes)  # avg = decays * avg + new
+        add_into(self.statistics, new)
         if generation == self.generations.get(node, 0):
             self.node_optimizer_steps[node] = steps
         self.bytes_exchanged += new.nbytes + self.statistics.nbytes
@@ -418,19 +392,18 @@ class ParameterServer:
     def pull(self) -> dict[str, Any]:
         """What the driver needs: weights, counts, reports and round trips since its last pull."""
         reports, self.reports = self.reports, []
-        round_trips, self.recent_round_trips = self.recent_round_trips, (0, 0.0)
+        recent, self.recent_round_trips = self.recent_round_trips, []
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
             "skipped": self.base_skipped + sum(self.node_skipped.values()),
             "reports": reports,
-            "round_trips": round_trips,
+            "round_trips": (len(recent), sum(recent)),
         }
 
     def stats(self) -> dict[str, Any]:
         """The run record's exchange figures."""
-        count = sum(c for c, _ in self.round_trips.values())
-        total = sum(t for _, t in self.round_trips.values())
+        count, total = self.round_trips
         return {
             "pushes_per_node": dict(self.pushes),
             "bytes_exchanged": self.bytes_exchanged,
@@ -506,13 +479,7 @@ class NodeLauncher:
     """One machine's Hogwild pool (run as a Ray actor pinned to that machine)."""
 
     def __init__(
-        self,
-        config: TrainConfig,
-        spec: EnvSpec,
-        server: Any,
-        node: str,
-        index: int,
-        place: int,
+        self, config: TrainConfig, spec: EnvSpec, server: Any, node: str, index: int, place: int
     ):
         """Build the node's shared model from the server's weights, its optimizer, its pool."""
         import ray
@@ -583,31 +550,18 @@ class NodeLauncher:
         self.round_trip_ms: float | None = None
         self.reports: list[dict[str, Any]] = []
 
-    def _own_steps(self) -> tuple[int, int]:
-        ctx = self.pool.ctx
-        workers = self.config.workers
-        return sum(ctx.steps[:workers]), sum(ctx.skipped[:workers])
-
     def _exchange(self, last: bool = False) -> None:
         started = time.monotonic()
-        steps, skipped = self._own_steps()
-        node_steps, node_skipped = steps + self.before[0], skipped + self.before[1]
-        reports, self.reports = self.reports, []
+        ctx = self.pool.ctx
+        steps = sum(ctx.steps[: self.config.workers])
+        skipped = sum(ctx.skipped[: self.config.workers])
+        counts = (steps + self.before[0], skipped + self.before[1])  # this node's, all launchers
+        pushed = (*counts, self.round_trip_ms, self.reports, self.generation, last)
+        self.reports = []
 
         def send(change: np.ndarray) -> np.ndarray:
-            answer, total = self.ray.get(
-                self.server.exchange.remote(
-                    self.node,
-                    change,
-                    node_steps,
-                    node_skipped,
-                    self.round_trip_ms,
-                    reports,
-                    self.generation,
-                    last,
-                )
-            )
-            self.pool.ctx.steps[self.others_slot] = total - steps
+            answer, total = self.ray.get(self.server.exchange.remote(self.node, change, *pushed))
+            ctx.steps[self.others_slot] = total - steps
             return answer
 
         self.sync.exchange(send, last)
@@ -668,18 +622,6 @@ class NodeLauncher:
 # The driver
 
 
-def import_ray() -> Any:
-    """Import Ray, or explain in one line how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(
-            "--ray-address needs Ray, which is not installed; pip install -r "
-            "requirements-ray.txt (or drop --ray-address to train on this machine)"
-        ) from None
-    return ray
-
-
 def connect(ray: Any, address: str) -> None:
     """Join the cluster at `address` (``auto``, ``host:port``) or start one here (``local``).
 
@@ -693,41 +635,37 @@ def connect(ray: Any, address: str) -> None:
         "env_vars": {"RAY_worker_niceness": "0"},
     }
     where = None if "://" in address else host_port(address)  # ray:// is Ray's client
-    refusal = tcp_refusal(*where) if where else None
-    if refusal is not None:  # Ray itself retries a silent host:port for minutes
-        raise UsageError(no_cluster(address, refusal))
+    if where:  # Ray itself retries a silent host:port for minutes
+        try:
+            socket.create_connection(where, timeout=2).close()
+        except OSError as err:
+            silent = ConnectionError(f"nothing accepts a connection there: {err}")
+            raise UsageError(init_refusal(address, silent)) from None
     try:
-        if address == "local":  # "local", not None: RAY_ADDRESS must not make it join one
-            ray.init(
-                address="local",
-                include_dashboard=False,
-                runtime_env=runtime_env,
-                log_to_driver=True,
-            )
-        else:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-    except ValueError as err:
-        raise UsageError(init_refusal(address, str(err), os.environ.get("RAY_ADDRESS"))) from None
+        # "local", not None: RAY_ADDRESS must not make it join one.
+        dashboard = False if address == "local" else None
+        ray.init(
+            address=address,
+            include_dashboard=dashboard,
+            runtime_env=runtime_env,
+            log_to_driver=True,
+        )
     except ray.exceptions.AuthenticationError:
         raise UsageError(
             f"--ray-address {address}: the cluster wants a token; {TOKEN_FIX}"
         ) from None
-    except ConnectionError as err:
-        if where:  # it took our connection above: Ray says no more than this to a wrong token
-            raise UsageError(  # ... and to a port that is not the cluster's (the dashboard's)
-                f"--ray-address {address}: something answers there but Ray could not join it "
-                f"({err}): either the cluster wants its authentication token ({TOKEN_FIX}), "
-                "or this is not the cluster's address (the one 'ray start --head' printed, "
-                "port 6379 by default; not the dashboard's 8265 or the client's 10001)"
-            ) from None
-        raise UsageError(no_cluster(address, str(err))) from None
-    except RuntimeError as err:  # other Ray versions; this machine not one of the cluster's
-        raise UsageError(join_refusal(address, str(err))) from None
+    except (ValueError, ConnectionError, RuntimeError) as err:
+        raise UsageError(init_refusal(address, err, reached=where is not None)) from None
 
 
-def join_refusal(address: str, why: str) -> str:
-    """The one-line error for a RuntimeError of ``ray.init`` joining the cluster at `address`."""
-    why = " ".join(why.split())
+def init_refusal(address: str, err: Exception, reached: bool = False) -> str:
+    """The one-line error for ``ray.init``'s `err`; `reached`: `address` took a connection."""
+    why = " ".join(str(err).split())
+    if why.startswith("Package size"):  # the checkout uploaded to the nodes (`RAY_EXCLUDES`)
+        return (
+            f"{ROOT} is too large to send to the nodes ({why.split('. ')[0]}); move large "
+            "files out of this checkout or list them in a .rayignore file there"
+        )
     if why.startswith("Version mismatch"):
         return (
             f"--ray-address {address}: this machine's Ray or Python is not the cluster's "
@@ -740,17 +678,22 @@ def join_refusal(address: str, why: str) -> str:
             f"run main.py on one of its machines, or join this one first with 'ray start "
             f"--address {address}'"
         )
-    return f"--ray-address {address}: Ray could not join the cluster ({why})"
-
-
-def init_refusal(address: str, why: str, ray_address_env: str | None) -> str:
-    """The one-line error for a ValueError of ``ray.init``: an address, or the upload's size."""
-    why = " ".join(why.split())
-    if why.startswith("Package size"):  # the checkout uploaded to the nodes (`RAY_EXCLUDES`)
+    if isinstance(err, ConnectionError) and reached:
+        # Ray says no more than this to a wrong token, and to a port not the cluster's.
         return (
-            f"{ROOT} is too large to send to the nodes ({why.split('. ')[0]}); move large "
-            "files out of this checkout or list them in a .rayignore file there"
+            f"--ray-address {address}: something answers there but Ray could not join it "
+            f"({why}): either the cluster wants its authentication token ({TOKEN_FIX}), "
+            "or this is not the cluster's address (the one 'ray start --head' printed, "
+            "port 6379 by default; not the dashboard's 8265 or the client's 10001)"
         )
+    if isinstance(err, ConnectionError):
+        return (
+            f"--ray-address {address}: no Ray cluster answers there ({why}); start one with "
+            "'ray start --head' (it prints the address), or use --ray-address local"
+        )
+    if not isinstance(err, ValueError):
+        return f"--ray-address {address}: Ray could not join the cluster ({why})"
+    ray_address_env = os.environ.get("RAY_ADDRESS")
     if address == "auto" and ray_address_env:  # Ray's auto reads RAY_ADDRESS first
         return (
             f"--ray-address auto read RAY_ADDRESS={ray_address_env!r}, which is not an "
@@ -762,28 +705,11 @@ def init_refusal(address: str, why: str, ray_address_env: str | None) -> str:
     )
 
 
-def no_cluster(address: str, why: str) -> str:
-    """The one-line error for an address where no Ray cluster answers."""
-    return (
-        f"--ray-address {address}: no Ray cluster answers there ({why}); start one with "
-        "'ray start --head' (it prints the address), or use --ray-address local"
-    )
-
-
+# What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one).
 TOKEN_FIX = (
     "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the head's token, from 'ray "
     "get-auth-token' there> before main.py (docs/cluster.md#set-up-a-cluster)"
 )
-"""What a user whose cluster uses Ray's token authentication sets (Ray 2.61+: every one)."""
-
-
-def tcp_refusal(host: str, port: int) -> str | None:
-    """None when something accepts a TCP connection at `host`:`port`; else why not."""
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-    except OSError as err:
-        return f"nothing accepts a connection there: {err}"
-    return None
 
 
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
@@ -819,21 +745,13 @@ class ClusterRun:
     restart after a launcher failed.
     """
 
-    def __init__(
-        self,
-        ray: Any,
-        config: TrainConfig,
-        launcher: Any,
-        log: logging.Logger,
-        nodes: list[dict[str, Any]],
-    ):
+    def __init__(self, ray: Any, launcher: Launcher, log: logging.Logger, nodes: list[dict]):
         """Start the parameter server and one node launcher per chosen node, the head first."""
         self.ray = ray
-        self.config = config
+        self.config = config = launcher.config
         self.launcher = launcher
         self.log = log
         head = nodes[0]["NodeID"]
-
         ctx = launcher.ctx
         self.server = (
             ray.remote(ParameterServer)
@@ -841,7 +759,7 @@ class ClusterRun:
             .remote(flat_weights(launcher.shared_model), ctx.total_steps(), ctx.total_skipped())
         )
         self.node_actor = ray.remote(NodeLauncher)
-        self.nodes: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, str] = {}  # every node id started on -> its host
         self.actors: dict[str, Any] = {}
         self.runs: dict[Any, str] = {}  # a launcher's run() -> its node id
         self.starts: dict[str, int] = {}
@@ -856,20 +774,17 @@ class ClusterRun:
         self.busy_window = (time.monotonic(), 0, 0.0)  # (start, exchanges timed, total ms)
         self.next_busy_warning = 0.0
         self.next_adopt = time.monotonic() + ADOPT_SECONDS
-        # The driver's step count is the cluster's: written here only, in its one slot.
-        self.base_steps = ctx.base_steps
-        self.base_skipped = ctx.base_skipped
         log.info(
             f"cluster: {count_of(len(self.nodes), 'node')} x "
             f"{count_of(config.workers, 'worker')}, parameter server on "
-            f"{self.nodes[head]['host']}, exchanges every {config.sync_interval:g} s "
+            f"{self.nodes[head]}, exchanges every {config.sync_interval:g} s "
             f"({config.exchange_precision})"
         )
 
     def _start(self, node: dict[str, Any]) -> None:
         """A node launcher on `node` (a `ray.nodes()` entry), running."""
         node_id = node["NodeID"]
-        self.nodes[node_id] = {"host": node["NodeManagerAddress"], "workers": self.config.workers}
+        self.nodes[node_id] = node["NodeManagerAddress"]
         index = sum(self.starts.values())  # a new index each start: its own seeds and ranks
         taken = {self.places[running] for running in self.runs.values()}
         place = self.places[node_id] = pick_place(self.places.get(node_id), taken)
@@ -879,6 +794,9 @@ class ClusterRun:
         self.actors[node_id] = actor
         self.runs[actor.run.remote()] = node_id
         self.starts[node_id] = self.starts.get(node_id, 0) + 1
+
+    def _name(self, node_id: str) -> str:
+        return f"node {node_id[:12]} ({self.nodes[node_id]})"
 
     def _adopt(self) -> None:
         """Start launchers on alive nodes without one, up to ``--nodes`` (0: all).
@@ -892,17 +810,14 @@ class ClusterRun:
         ):
             return  # the run is ending: a node stopped on the budget or its workers' end
         running = set(self.runs.values())
-        wanted = self.config.nodes or float("inf")
         for node in pick_nodes(self.ray, 0):
             node_id = node["NodeID"]
-            if len(running) >= wanted:
+            if len(running) >= (self.config.nodes or math.inf):
                 return
-            if node_id in running or node_id in self.finished or node_id in self.refused:
-                continue
             starts = self.starts.get(node_id, 0)
-            restart_at = self.lost_at.get(node_id, -math.inf) + RESTART_SECONDS
-            if starts >= MAX_STARTS:
+            if node_id in {*running, *self.finished, *self.refused} or starts >= MAX_STARTS:
                 continue
+            restart_at = self.lost_at.get(node_id, -math.inf) + RESTART_SECONDS
             if now < restart_at and running:
                 self.next_adopt = min(self.next_adopt, restart_at)  # look again then
                 continue
@@ -910,8 +825,8 @@ class ClusterRun:
             running.add(node_id)
             what = f"restarted (start {starts + 1} of at most {MAX_STARTS})" if starts else "joined"
             self.log.warning(
-                f"node {node_id[:12]} ({node['NodeManagerAddress']}) {what}; the run goes on "
-                f"with {count_of(len(running), 'node')}"
+                f"{self._name(node_id)} {what}; the run goes on with "
+                f"{count_of(len(running), 'node')}"
             )
 
     def pull(self) -> tuple[int, float]:
@@ -922,8 +837,9 @@ class ClusterRun:
         pulled = self.ray.get(self.server.pull.remote(), timeout=SERVER_SECONDS)
         set_flat(self.launcher.shared_model, pulled["weights"])
         ctx = self.launcher.ctx
-        ctx.steps[0] = pulled["steps"] - self.base_steps
-        ctx.skipped[0] = pulled["skipped"] - self.base_skipped
+        # The driver's one slot holds the cluster's count, written here only.
+        ctx.steps[0] = pulled["steps"] - ctx.base_steps
+        ctx.skipped[0] = pulled["skipped"] - ctx.base_skipped
         for payload in pulled["reports"]:
             self.launcher.monitor.take("train", payload)
         return pulled["round_trips"]
@@ -976,21 +892,18 @@ class ClusterRun:
         ):
             self._adopt()
         if not self.runs and not self.launcher.ctx.stopping():
-            self.launcher.stop_reason = self.launcher.stop_reason or self._why_none_left()
+            if self.finished:
+                why = "every node stopped"
+            elif set(self.lost) <= self.refused:
+                why = "no node could start its launcher"
+            else:
+                why = "every node was lost"
+            self.launcher.stop_reason = self.launcher.stop_reason or why
             self.launcher.failed = all(r["failed"] for r in self.finished.values())
             self.launcher.ctx.request_stop()
 
-    def _why_none_left(self) -> str:
-        """The stop reason when no launcher is left and none can start."""
-        if self.finished:
-            return "every node stopped"
-        if set(self.lost) <= self.refused:
-            return "no node could start its launcher"
-        return "every node was lost"
-
     def _settle(self, node_id: str, ref: Any) -> bool:
         """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
-        host = self.nodes[node_id]["host"]
         lost = False
         if self.launcher.ctx.stopping():
             after = "the run is stopping"
@@ -1013,16 +926,11 @@ class ClusterRun:
             self.server.leave.remote(node_id)
             if refused:
                 self.refused.add(node_id)  # the same machine would refuse again
-            self.log.error(
-                f"node {node_id[:12]} ({host}) "
-                + ("could not start" if refused else "lost")
-                + f": {cause}; {after}"
-            )
+            what = "could not start" if refused else "lost"
+            self.log.error(f"{self._name(node_id)} {what}: {cause}; {after}")
         else:
             if result["failed"]:
-                self.log.error(
-                    f"node {node_id[:12]} ({host}) failed: {result['stop_reason']}; {after}"
-                )
+                self.log.error(f"{self._name(node_id)} failed: {result['stop_reason']}; {after}")
         self.ray.kill(self.actors[node_id])  # its run is over: free its model and optimizer
         return lost
 
@@ -1032,32 +940,30 @@ class ClusterRun:
         stopping = len(self.runs)
         for node_id in self.runs.values():
             self.actors[node_id].stop.remote()
-        deadline = started + STOP_SECONDS
-        exchanged = lost = 0
-        while self.runs and time.monotonic() < deadline:
+        lost = 0
+        while self.runs and time.monotonic() < started + STOP_SECONDS:
             done, _ = self.ray.wait(list(self.runs), num_returns=1, timeout=1.0)
             for ref in done:
-                if self._settle(self.runs.pop(ref), ref):
-                    lost += 1
-                else:
-                    exchanged += 1
+                lost += self._settle(self.runs.pop(ref), ref)
         stop_seconds = time.monotonic() - started
+        ended_well = any(not result["failed"] for result in self.finished.values())
         self.log.info(
-            f"cluster: {exchanged} of {count_of(stopping, 'node')} stopped and made their last "
-            f"exchange in {stop_seconds:.1f} s" + (f" ({lost} lost while stopping)" if lost else "")
+            f"cluster: {stopping - len(self.runs) - lost} of {count_of(stopping, 'node')} "
+            f"stopped and made their last exchange in {stop_seconds:.1f} s"
+            + (f" ({lost} lost while stopping)" if lost else "")
             if stopping
             else "cluster: every node had stopped by itself"
-            if any(not result["failed"] for result in self.finished.values())
+            if ended_well
             else "cluster: no node was running"
         )
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
             self.log.error(
-                f"node {node_id[:12]} ({self.nodes[node_id]['host']}) made no final exchange "
-                f"within {STOP_SECONDS:.0f} s: stopped without its last updates"
+                f"{self._name(node_id)} made no final exchange within {STOP_SECONDS:.0f} s: "
+                "stopped without its last updates"
             )
             self.ray.kill(self.actors[node_id])  # its workers then stop by themselves
-        if not any(not r["failed"] for r in self.finished.values()):
+        if not ended_well:
             self.launcher.failed = True  # every node failed or was lost, to the end
         try:
             self.pull()
@@ -1077,8 +983,8 @@ class ClusterRun:
             result["matches_server"] = None if answers is None else digest == answers.get(node_id)
         self.launcher.monitor.record["cluster"] = {
             "nodes": [
-                {"id": node_id, "host": info["host"], "workers": info["workers"]}
-                for node_id, info in self.nodes.items()
+                {"id": node_id, "host": host, "workers": self.config.workers}
+                for node_id, host in self.nodes.items()
             ],
             **stats,
             "sync_interval": self.config.sync_interval,
@@ -1121,7 +1027,13 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
     `prepare` is ``main.prepare``: it builds the driver's launcher (without workers) once the
     nodes are picked.
     """
-    ray = import_ray()
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            "--ray-address needs Ray, which is not installed; pip install -r "
+            "requirements-ray.txt (or drop --ray-address to train on this machine)"
+        ) from None
     log = logging.getLogger("a3g.main")
     try:
         with signals_noted(ray) as noted:  # until the launcher's own handlers take over
@@ -1135,7 +1047,7 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
         with launcher.signals_caught():
             launcher.open_record()  # before any node starts: a failure leaves none to stop
             try:
-                cluster = ClusterRun(ray, launcher.config, launcher, log, nodes)
+                cluster = ClusterRun(ray, launcher, log, nodes)
             except Exception as err:  # the server or a launcher could not be created
                 launcher.monitor.close(f"the cluster could not start: {err}", 1)
                 raise

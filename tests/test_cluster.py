@@ -75,22 +75,36 @@ def hogwild_update(model: nn.Module, seed: int) -> np.ndarray:
 # -- the exchange arithmetic, without Ray -------------------------------------------------------
 
 
-def test_ray_inits_value_errors_name_what_to_mend():
+def test_ray_inits_value_errors_name_what_to_mend(monkeypatch):
     big = (
         "Package size (600.00MiB) exceeds the maximum size of 512.00MiB. To exclude large "
         "files, add them to '.gitignore' or '.rayignore' files"
     )
-    assert cluster.init_refusal("auto", big, None) == (
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster.init_refusal("auto", ValueError(big)) == (
         f"{cluster.ROOT} is too large to send to the nodes (Package size (600.00MiB) exceeds "
         "the maximum size of 512.00MiB); move large files out of this checkout or list them in "
         "a .rayignore file there"
     )
-    bad = "Invalid address format: head"
-    assert cluster.init_refusal("auto", bad, "head") == (
+    bad = ValueError("Invalid address format: head")
+    assert cluster.init_refusal("auto", bad).startswith("--ray-address 'auto' is not an")
+    monkeypatch.setenv("RAY_ADDRESS", "head")
+    assert cluster.init_refusal("auto", bad) == (
         "--ray-address auto read RAY_ADDRESS='head', which is not an address (Invalid address "
         "format: head); set it to the head's host:port, or unset it"
     )
-    assert cluster.init_refusal("h:1", bad, "head").startswith("--ray-address 'h:1' is not an")
+    assert cluster.init_refusal("h:1", bad).startswith("--ray-address 'h:1' is not an")
+
+
+def test_ray_inits_connection_errors_tell_no_cluster_from_a_wrong_token_or_port():
+    refused = ConnectionError("Failed to connect to GCS\nat h:1")
+    assert cluster.init_refusal("auto", refused) == (
+        "--ray-address auto: no Ray cluster answers there (Failed to connect to GCS at h:1); "
+        "start one with 'ray start --head' (it prints the address), or use --ray-address local"
+    )
+    said = cluster.init_refusal("h:1", refused, reached=True)
+    assert said.startswith("--ray-address h:1: something answers there but Ray could not join")
+    assert cluster.TOKEN_FIX in said and "not the dashboard's 8265" in said
 
 
 def test_ray_inits_runtime_errors_name_what_to_mend():
@@ -98,15 +112,15 @@ def test_ray_inits_runtime_errors_name_what_to_mend():
         "Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.12.1\n"
         "This process on node 10.0.0.2 was started with:\n    Ray: 2.59.0\n    Python: 3.11.7\n"
     )
-    said = cluster.join_refusal("h:6379", mismatch)
+    said = cluster.init_refusal("h:6379", RuntimeError(mismatch))
     assert said.startswith("--ray-address h:6379: this machine's Ray or Python is not the")
     assert "Ray: 2.60.0 Python: 3.12.1 This process" in said and "\n" not in said
     assert said.endswith("(pip install ray==<its version>)")
     elsewhere = "No node info found matching attributes: '10.0.0.9' when trying to resolve"
-    assert "join this one first with 'ray start --address h:6379'" in cluster.join_refusal(
-        "h:6379", elsewhere
+    assert "join this one first with 'ray start --address h:6379'" in cluster.init_refusal(
+        "h:6379", RuntimeError(elsewhere)
     )
-    assert cluster.join_refusal("auto", "boom") == (
+    assert cluster.init_refusal("auto", RuntimeError("boom")) == (
         "--ray-address auto: Ray could not join the cluster (boom)"
     )
 
@@ -424,7 +438,6 @@ def driver_at_poll(runs: dict, ended: dict, next_adopt: float) -> SimpleNamespac
     run.pull = pull
     run.watch_load = lambda count, total_ms: None
     run._adopt = lambda: run.adopted.append(time.monotonic())
-    run._why_none_left = lambda: ClusterRun._why_none_left(run)
     return run
 
 
@@ -484,10 +497,10 @@ def test_a_server_lost_at_the_final_pull_fails_the_run_and_leaves_the_match_unkn
     run = SimpleNamespace(
         runs={}, actors={}, lost={}, starts={"a": 1},
         finished={"a": {"failed": False, "weights_digest": "d1"}},
-        nodes={"a": {"host": "127.0.0.1", "workers": 1}},
+        nodes={"a": "127.0.0.1"},
         ray=SimpleNamespace(exceptions=SimpleNamespace(RayError=RayError), get=unreachable),
         server=SimpleNamespace(stats=SimpleNamespace(remote=lambda: None)),
-        pull=unreachable, config=SimpleNamespace(sync_interval=5.0),
+        pull=unreachable, config=SimpleNamespace(sync_interval=5.0, workers=1),
         launcher=SimpleNamespace(failed=False, monitor=SimpleNamespace(record={})),
         log=SimpleNamespace(info=infos.append, error=lambda _m: None),
     )  # fmt: skip
