@@ -251,8 +251,35 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     )
 
 
+def training_games(record_path: str | Path) -> list[list[float]]:
+    """The workers' games ``[frames, seconds, score, steps]`` of a run record's sittings, in order.
+
+    A sitting resumed from the state holds the earlier games already; one started from a
+    ``.dat`` alone counts afresh and is shifted to go on from the sitting before. [] without a
+    readable record.
+    """
+    try:
+        record = json.loads(Path(record_path).read_text())
+    except (OSError, ValueError):
+        return []
+    games: list[list[float]] = []
+    for sitting in [*record.get("previous_runs", []), record]:
+        own = (sitting.get("training_games") or {}).get("games") or []
+        if own[: len(games)] == games:  # resumed: the earlier games and its own
+            games = list(own)
+        elif own and own[0][0] < games[-1][0]:  # counts afresh
+            frames, seconds = games[-1][0], games[-1][1]
+            games += [[f + frames, t + seconds, score, n] for f, t, score, n in own]
+        else:
+            games += own
+    return games
+
+
 def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window: int = 20) -> Path:
-    """Write a PNG of test reward against frames and wall time, from a log or a run's sittings.
+    """Write a PNG of the scores against frames and wall time, from a log or a run's sittings.
+
+    The test games come from the logs; the workers' own games, where the run record beside the
+    last log holds them, are drawn with a 100-game mean.
 
     Raises:
         UsageError: the log holds no finished test game yet.
@@ -268,26 +295,45 @@ def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window:
         names = ", ".join(repr(str(log)) for log in logs)
         raise UsageError(f"log {names} has no finished test game yet; try again later")
     rewards = [g.reward for g in games]
-    average = moving_average(rewards, window)
     if all(g.frames is not None for g in games):
         x_frames, x_label = [g.frames for g in games], "frames"
     elif all(g.steps is not None for g in games):
         x_frames, x_label = [g.steps for g in games], "agent steps"
     else:
         x_frames, x_label = list(range(1, len(games) + 1)), "test game"
-    minutes = [g.seconds / 60 for g in games]
+    last = Path(logs[-1])
+    trained = training_games(last.with_name(last.name.removesuffix("_log") + "_run.json"))
+    if x_label != "frames":  # the workers' games are stamped with frames
+        trained = []
+    seconds = [g.seconds for g in games] + [game[1] for game in trained]
+    hours = max(seconds) >= 2 * 3600
+    unit, per = ("hours", 3600) if hours else ("min", 60)
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
-    for ax, xs, label in ((axes[0], x_frames, x_label), (axes[1], minutes, "wall time (min)")):
+    for ax, time_axis in zip(axes, (False, True), strict=True):
+        if trained:
+            xs = [game[1] / per if time_axis else game[0] for game in trained]
+            scores = [game[2] for game in trained]
+            ax.plot(xs, scores, ".", alpha=0.15, color="tab:green", label="training game")
+            mean = moving_average(scores, 100)
+            ax.plot(xs, mean, "-", color="darkgreen", label="training, mean of last 100")
+        xs = [g.seconds / per for g in games] if time_axis else x_frames
         ax.plot(xs, rewards, ".", alpha=0.35, color="tab:blue", label="test game")
-        ax.plot(xs, average, "-", color="tab:red", label=f"mean of last {window}")
-        ax.set_xlabel(label)
-        ax.set_ylabel("test reward")
+        ax.plot(
+            xs,
+            moving_average(rewards, window),
+            "-",
+            color="tab:red",
+            label=f"test, mean of last {window}",
+        )
+        ax.set_xlabel(f"wall time ({unit})" if time_axis else x_label)
+        ax.set_ylabel("score")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
     earlier = len(logs) - 1
     before = f" after {earlier} earlier log{'s' * (earlier > 1)}" if earlier else ""
-    fig.suptitle(f"{Path(logs[-1]).name}{before}: {len(games)} test games")
+    played = f", {len(trained)} training games" if trained else ""
+    fig.suptitle(f"{last.name}{before}: {len(games)} test games{played}")
     fig.tight_layout()
     try:
         return write_image(out, lambda f: fig.savefig(f, format=Path(out).suffix[1:] or None))
@@ -629,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     """``curve``, ``view`` and ``table`` subcommands."""
     p = OneLineParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="{curve,view,milestone,table}")
-    curve = sub.add_parser("curve", help="PNG of test reward vs frames and wall time from a log")
+    curve = sub.add_parser("curve", help="PNG of the scores vs frames and wall time from a log")
     curve.add_argument(
         "log",
         nargs="+",

@@ -707,3 +707,36 @@ def test_a_long_demo_keeps_the_whole_game_at_an_even_pace():
     # 45 screens: past 10 frames the stride went 1 -> 2 -> 4 -> 8: screens 0, 8, 16, ...
     assert demo.stride == 8 and demo.fps == 15.0 / 8
     assert kept == [0, 8, 16, 24, 32, 40] and len(kept) <= 10
+
+
+def test_training_games_follow_the_record_chain(tmp_path):
+    from visualize import training_games
+
+    first = [[100, 10.0, 5.0, 30], [200, 20.0, 7.0, 40]]
+    resumed = [*first, [300, 30.0, 9.0, 50]]  # resumed from the state: the earlier games too
+    afresh = [[50, 5.0, 11.0, 60]]  # started from the .dat alone: counts from 0 again
+    record = {
+        "previous_runs": [
+            {"training_games": {"games": first}},
+            {"training_games": {"games": resumed}},
+        ],
+        "training_games": {"games": afresh},
+    }
+    path = tmp_path / "Pong_run.json"
+    path.write_text(json.dumps(record))
+    assert training_games(path) == [*resumed, [350, 35.0, 11.0, 60]]
+    assert training_games(tmp_path / "missing_run.json") == []
+
+
+def test_the_curve_draws_the_workers_games_from_the_record_beside_the_log(tmp_path):
+    from visualize import plot_curve
+
+    log = tmp_path / "PongNoFrameskip-v4_log"
+    log.write_text(
+        "2026-12-01 10:00:00,000 : Time 00h 01m 00s, episode reward -21.0, episode length 800, "
+        "reward mean -21.0000, total steps 1000, total frames 4000, frames/s 66\n"
+    )
+    games = {"games": [[2000, 30.0, -20.0, 900], [4000, 60.0, -19.0, 950]]}
+    (tmp_path / "PongNoFrameskip-v4_run.json").write_text(json.dumps({"training_games": games}))
+    png = plot_curve(log, tmp_path / "curve.png")
+    assert png.stat().st_size > 0
