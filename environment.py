@@ -74,57 +74,37 @@ def read_config(path: str | Path) -> dict[str, dict[str, int]]:
     path = Path(path)
     if path == Path(DEFAULT_CONFIG) and not path.exists():
         path = Path(__file__).with_name(DEFAULT_CONFIG)
+    where = f"env config {str(path)!r}"
+    fix = "pass --env-config with the path of the project's config.json"
     try:
-        text = path.read_text()
+        config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UsageError(
-            f"env config {str(path)!r} not found; pass --env-config with the path of config.json"
-        ) from None
+        raise UsageError(f"{where} not found; {fix}") from None
     except OSError as err:
-        raise UsageError(f"env config {str(path)!r} cannot be read: {err.strerror}") from None
+        raise UsageError(f"{where} cannot be read: {err.strerror}") from None
     except UnicodeDecodeError:
-        raise UsageError(
-            f"env config {str(path)!r} is not a text file; pass --env-config with the path of "
-            "config.json"
-        ) from None
-    try:
-        config = json.loads(text)
+        raise UsageError(f"{where} is not a text file; {fix}") from None
     except json.JSONDecodeError as err:
         raise UsageError(
-            f"env config {str(path)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
-            f"{err.msg}); fix the file or restore config.json from the repository"
+            f"{where} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); {fix}"
         ) from None
-    if not isinstance(config, dict):
+    if not isinstance(config, dict) or "Default" not in config:
         raise UsageError(
-            f"env config {str(path)!r} must hold a JSON object of game entries, "
-            f"got {type(config).__name__}"
-        )
-    if "Default" not in config:
-        raise UsageError(
-            f'env config {str(path)!r} has no "Default" entry; add '
-            '"Default": {"crop1": 34, "crop2": 34}, or pass --env-config with the path of the '
-            "project's config.json"
+            f'{where} must hold a JSON object of game entries with a "Default" one, such as '
+            f'"Default": {{"crop1": 34, "crop2": 34}}; {fix}'
         )
     for name, entry in config.items():
-        if not isinstance(entry, dict):
+        crops = [entry.get(key) if isinstance(entry, dict) else None for key in CONFIG_KEYS]
+        if not all(type(crop) is int for crop in crops):
             raise UsageError(
-                f"env config {str(path)!r}: entry {name!r} must be an object with "
-                f"{', '.join(CONFIG_KEYS)}, got {entry!r}"
+                f"{where}: entry {name!r} needs integers crop1 and crop2, got {entry!r}"
             )
-        for key in CONFIG_KEYS:
-            value = entry.get(key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise UsageError(
-                    f"env config {str(path)!r}: entry {name!r} needs an integer {key!r}, "
-                    f"got {value!r}"
-                )
         # Rows past the 210-row screen are clipped (the original's VideoPinball entry ends at
         # row 220), so only an empty crop is an error.
-        if not 0 <= entry["crop1"] < min(entry["crop2"] + 160, 210):
+        if not 0 <= crops[0] < min(crops[1] + 160, 210):
             raise UsageError(
-                f"env config {str(path)!r}: entry {name!r} keeps rows "
-                f"{entry['crop1']}:{entry['crop2'] + 160} of the 210-row screen, which is empty; "
-                "use 0 <= crop1 < min(crop2 + 160, 210)"
+                f"{where}: entry {name!r} keeps rows {crops[0]}:{crops[1] + 160} of the 210-row "
+                "screen, which is empty; use 0 <= crop1 < min(crop2 + 160, 210)"
             )
     return config
 
@@ -140,17 +120,6 @@ def env_config(config: dict[str, dict[str, int]], env_id: str) -> dict[str, int]
         if key != "Default" and key in env_id:
             chosen = entry
     return chosen
-
-
-def crop_settings(path: str | Path, env_id: str) -> dict[str, int]:
-    """`env_id`'s entry of the `config.json` at `path`; read for ALE games only.
-
-    Raises:
-        UsageError: an unknown env id; for an ALE game, a config `read_config` refuses.
-    """
-    if not is_atari(env_id):
-        return {}
-    return env_config(read_config(path), env_id)
 
 
 def register_games() -> None:
@@ -213,7 +182,7 @@ def protocol(
     if spec.entry_point != ATARI_ENTRY_POINT:
         cap = vector_episode_cap(spec, max_episode_length)
         return {"env": env_id, "episode_cap_steps": cap, **stall}
-    low, high = ale_step_frames(spec, skip_rate)
+    low, high = step_frames(env_id, skip_rate)
     we_skip = spec.kwargs.get("frameskip", 1) == 1
     skip: int | list[int] = high if low == high else [low, high]
     return {
@@ -249,29 +218,31 @@ def short_episode_warning(played: dict[str, Any]) -> str | None:
     )
 
 
+def step_frames(env_id: str, skip_rate: FrameSkip) -> tuple[int, int]:
+    """The fewest and the most raw frames one agent step of `env_id` takes ((1, 1) outside Atari).
+
+    NoFrameskip ids skip as the flags say; the others skip in ALE, a fixed count or a random
+    ``[low, high)`` (the old ``-v0`` ids: 2-4).
+    """
+    spec = lookup_spec(env_id)
+    if spec.entry_point != ATARI_ENTRY_POINT:
+        return 1, 1
+    ale_skip = spec.kwargs.get("frameskip", 1)
+    if ale_skip == 1:
+        return skip_bounds(skip_rate)
+    return (ale_skip[0], ale_skip[1] - 1) if isinstance(ale_skip, tuple) else (ale_skip, ale_skip)
+
+
 def episode_frames(env_id: str, max_episode_length: int, skip_rate: FrameSkip) -> tuple[int, int]:
     """The most raw frames an episode of `env_id` can take, and the most one agent step takes.
 
     ALE takes the cap in raw frames: ``--max-episode-length`` times the top of the skip's
     range. (0, 1) outside Atari.
     """
-    spec = lookup_spec(env_id)
-    if spec.entry_point != ATARI_ENTRY_POINT:
+    if not is_atari(env_id):
         return 0, 1
-    step_frames = ale_step_frames(spec, skip_rate)[1]
-    return max_episode_length * step_frames, step_frames
-
-
-def ale_step_frames(spec: RegisteredSpec, skip_rate: FrameSkip) -> tuple[int, int]:
-    """The fewest and the most raw frames one agent step takes on an ALE game.
-
-    NoFrameskip ids skip as the flags say; the others skip in ALE, a fixed count or a random
-    ``[low, high)`` (the old ``-v0`` ids: 2-4).
-    """
-    ale_skip = spec.kwargs.get("frameskip", 1)
-    if ale_skip == 1:
-        return skip_bounds(skip_rate)
-    return (ale_skip[0], ale_skip[1] - 1) if isinstance(ale_skip, tuple) else (ale_skip, ale_skip)
+    high = step_frames(env_id, skip_rate)[1]
+    return max_episode_length * high, high
 
 
 def saved_frame_skip(saved: dict[str, Any], default: int) -> FrameSkip:
@@ -290,10 +261,7 @@ def frames_per_step(env_id: str, skip_rate: FrameSkip) -> float:
 
     A random skip gives the middle of its range (3 for 2-4, and for the old ``-v0`` ids).
     """
-    spec = lookup_spec(env_id)
-    if spec.entry_point != ATARI_ENTRY_POINT:
-        return 1
-    low, high = ale_step_frames(spec, skip_rate)
+    low, high = step_frames(env_id, skip_rate)
     return high if low == high else (low + high) / 2
 
 
@@ -516,11 +484,7 @@ class NormalizedEnv(gym.ObservationWrapper):
 
     def state_dict(self) -> dict[str, float]:
         """The running statistics, for a checkpoint."""
-        return {
-            "state_mean": self.state_mean,
-            "state_std": self.state_std,
-            "num_steps": self.num_steps,
-        }
+        return {key: getattr(self, key) for key in ("state_mean", "state_std", "num_steps")}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Continue from statistics saved by `state_dict`."""
@@ -548,38 +512,31 @@ def atari_env(
     as `validate` passed them.
 
     Raises:
-        UsageError: unknown or non-Atari id, or a non-RGB observation id.
+        UsageError: an id with other than RGB observations.
     """
     spec = lookup_spec(env_id)
-    if spec.entry_point != ATARI_ENTRY_POINT:
-        raise UsageError(
-            f"{env_id!r} is not an Atari game; use an ALE id such as PongNoFrameskip-v4 "
-            "(vector envs like CartPole-v1 go through make_env)"
-        )
     if spec.kwargs.get("obs_type", "rgb") != "rgb":
         raise UsageError(
             f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
             "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
         )
     low, high = skip_bounds(skip_rate)
-    ale_skip = spec.kwargs.get("frameskip", 1)
-    we_skip = ale_skip == 1
-    max_frames, _ = episode_frames(env_id, max_episode_length, skip_rate)
-    make_kwargs: dict[str, Any] = {"render_mode": render_mode}
-    if repeat_action_probability is not None:
-        make_kwargs["repeat_action_probability"] = repeat_action_probability
-    if max_frames > ALE_DEFAULT_MAX_FRAMES:
-        # Otherwise ALE's own cap would end episodes before --max-episode-length does.
-        make_kwargs["max_num_frames_per_episode"] = max_frames
-    env = gym.make(env_id, **make_kwargs)
-
+    we_skip = spec.kwargs.get("frameskip", 1) == 1
+    # Raised past ALE's own cap, which would otherwise end episodes before ours does.
+    max_frames = max(
+        episode_frames(env_id, max_episode_length, skip_rate)[0], ALE_DEFAULT_MAX_FRAMES
+    )
+    sticky = sticky_probability(env_id, repeat_action_probability)
+    env = gym.make(
+        env_id,
+        render_mode=render_mode,
+        repeat_action_probability=sticky,
+        max_num_frames_per_episode=max_frames,
+    )
     if we_skip:
         env = gym.wrappers.TimeLimit(env, max_episode_length * high)
-        env = NoopResetEnv(env, NOOP_MAX)
-        env = MaxAndSkipEnv(env, skip_rate)
-        if low != high:  # a random skip: the frame cap alone would allow more agent steps
-            env = gym.wrappers.TimeLimit(env, max_episode_length)
-    else:
+        env = MaxAndSkipEnv(NoopResetEnv(env, NOOP_MAX), skip_rate)
+    if not we_skip or low != high:  # a random skip: the frame cap alone allows more agent steps
         env = gym.wrappers.TimeLimit(env, max_episode_length)
     env = EpisodicLifeEnv(GameScore(env))
     if "FIRE" in env.unwrapped.get_action_meanings():
@@ -605,27 +562,20 @@ def vector_env(
     With `vector_obs_norm` observations are standardised per feature by running statistics.
 
     Raises:
-        UsageError: unknown id, an Atari id, or spaces A3G cannot use.
+        UsageError: a package the env needs is missing, or spaces A3G cannot use.
     """
     spec = lookup_spec(env_id)
-    if spec.entry_point == ATARI_ENTRY_POINT:
-        raise UsageError(f"{env_id!r} is an Atari game; build it with atari_env")
     try:
         env = gym.make(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as err:
         raise UsageError(f"{env_id!r} needs a package that is not installed: {err}") from None
     obs_space, act_space = env.observation_space, env.action_space
-    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+    flat = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    if not (flat and isinstance(act_space, gym.spaces.Discrete)):
         env.close()
         raise UsageError(
-            f"{env_id!r} has observations {obs_space}; outside Atari, A3G takes flat vector "
-            "observations (e.g. CartPole-v1, Acrobot-v1)"
-        )
-    if not isinstance(act_space, gym.spaces.Discrete):
-        env.close()
-        raise UsageError(
-            f"{env_id!r} has actions {act_space}; A3G needs Discrete actions "
-            "(e.g. CartPole-v1, Acrobot-v1)"
+            f"{env_id!r} has observations {obs_space} and actions {act_space}; outside Atari, "
+            "A3G takes flat vector observations and Discrete actions (e.g. CartPole-v1)"
         )
     cap = vector_episode_cap(spec, max_episode_length)
     if cap != spec.max_episode_steps:
@@ -652,10 +602,12 @@ class EnvSpec:
 
     @classmethod
     def of(cls, config: Any) -> EnvSpec:
-        """The spec of a `cli` configuration; reads its ``--env-config`` (once, here)."""
+        """The spec of a `cli` configuration; reads ``--env-config`` (once, here) for ALE games."""
+        atari = is_atari(config.env)
+        crop = env_config(read_config(config.env_config), config.env) if atari else {}
         return cls(
-            config.env, crop_settings(config.env_config, config.env), config.max_episode_length,
-            config.frame_skip, config.vector_obs_norm, config.repeat_action_probability,
+            config.env, crop, config.max_episode_length, config.frame_skip,
+            config.vector_obs_norm, config.repeat_action_probability,
         )  # fmt: skip
 
 
@@ -690,18 +642,13 @@ def find_wrapper(env: gym.Env, kind: type[gym.Wrapper]) -> Any:
     return None
 
 
-def find_normalizer(env: gym.Env) -> NormalizedEnv | None:
-    """The env's `NormalizedEnv` wrapper, if it has one."""
-    return find_wrapper(env, NormalizedEnv)
-
-
 def normalizer_state(env: gym.Env) -> dict[str, Any] | None:
     """The running statistics of the env's observation normaliser (None if it has none).
 
     Plain numbers and lists only, so a training-state file holding them loads with
     ``weights_only=True``.
     """
-    norm = find_normalizer(env)
+    norm = find_wrapper(env, NormalizedEnv)
     if norm is not None:
         return {"kind": "frames", **norm.state_dict()}
     vector = find_wrapper(env, gym.wrappers.NormalizeObservation)
@@ -721,7 +668,7 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
     if not state:
         return False
     if state.get("kind") == "frames":
-        norm = find_normalizer(env)
+        norm = find_wrapper(env, NormalizedEnv)
         if norm is None:
             return False
         norm.load_state_dict(state)
@@ -737,7 +684,7 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
 
 
 def worker_normalizer_state(envs: list[gym.Env]) -> dict[str, Any] | None:
-    """A worker's normaliser statistics: `normalizer_state` of its one env, or of each of K.
+    """A worker's normaliser statistics: its one env's `normalizer_state`, or each of K envs'.
 
     K envs give ``{"kind": "per_env", "envs": [...]}``.
     """
@@ -751,11 +698,6 @@ def load_worker_normalizer_state(envs: list[gym.Env], state: dict[str, Any] | No
 
     A per-env state gives env k its own statistics; a single-env state goes to every env.
     """
-    if not state:
-        return
-    if state.get("kind") == "per_env":
-        for env, env_state in zip(envs, state["envs"], strict=False):
-            load_normalizer_state(env, env_state)
-        return
-    for env in envs:
-        load_normalizer_state(env, state)
+    per_env = state["envs"] if state and state.get("kind") == "per_env" else [state] * len(envs)
+    for env, env_state in zip(envs, per_env, strict=False):
+        load_normalizer_state(env, env_state)

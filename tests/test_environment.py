@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gymnasium as gym
@@ -19,10 +20,9 @@ from environment import (
     NoopResetEnv,
     NormalizedEnv,
     atari_env,
-    crop_settings,
     env_config,
     episode_frames,
-    find_normalizer,
+    find_wrapper,
     finished_games,
     frames_per_step,
     make_env,
@@ -414,12 +414,8 @@ def test_normaliser_statistics_after_n_frames(config):
     other = NormalizedEnv(AtariRescale(gym.make("PongNoFrameskip-v4"), conf))
     other.load_state_dict(env.state_dict())
     assert other.state_dict() == env.state_dict()
-    assert (
-        find_normalizer(
-            make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
-        )
-        is not None
-    )
+    pong = make_env(EnvSpec("PongNoFrameskip-v4", env_config(config, "PongNoFrameskip-v4")))
+    assert find_wrapper(pong, NormalizedEnv) is not None
 
 
 # -- time limit --------------------------------------------------------------------------------
@@ -582,9 +578,7 @@ def test_unknown_id_suggests_close_ids(config):
 @pytest.mark.parametrize(
     ("builder", "env_id", "message"),
     [
-        ("atari", "CartPole-v1", "not an Atari game"),
         ("atari", "TestPongRam-v0", "ram observations"),
-        ("vector", "PongNoFrameskip-v4", "is an Atari game"),
         ("vector", "Pendulum-v1", "Discrete actions"),
         ("vector", "FrozenLake-v1", "flat vector observations"),
     ],
@@ -657,27 +651,34 @@ def test_an_episode_cap_the_resets_no_ops_can_use_up_is_warned_of():
 def test_crop_settings_are_read_for_ale_games_only(tmp_path, config):
     """A missing or unrelated config.json (another project's, in the current folder) stops
     no CartPole run: only ALE games crop."""
+
+    def crop(path, env_id):
+        return EnvSpec.of(parse_train_args(["--env", env_id, "--env-config", str(path)])).crop
+
     unrelated = tmp_path / "config.json"
     unrelated.write_text('{"name": "my web app"}')
     for path in (unrelated, tmp_path / "missing.json"):
-        assert crop_settings(path, "CartPole-v1") == {}
+        assert crop(path, "CartPole-v1") == {}
         with pytest.raises(UsageError, match="--env-config"):
-            crop_settings(path, "PongNoFrameskip-v4")
-    assert crop_settings(ROOT / "config.json", "PongNoFrameskip-v4") == config["Pong"]
+            crop(path, "PongNoFrameskip-v4")
+    assert crop(ROOT / "config.json", "PongNoFrameskip-v4") == config["Pong"]
+    pong = parse_train_args(["--env-config", str(unrelated)])
+    unknown = dataclasses.replace(pong, env="PongNoFrameSkip-v4")  # past the flags' check
     with pytest.raises(UsageError, match="PongNoFrameSkip-v4"):  # the id first, then its file
-        crop_settings(unrelated, "PongNoFrameSkip-v4")
+        EnvSpec.of(unknown)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("{not json", r"is not valid JSON \(line 1"),
-        ("[1, 2]", "must hold a JSON object"),
-        ('{"Pong": {"crop1": 34, "crop2": 34, "dimension2": 80}}', 'no "Default" entry'),
-        ('{"Default": {"crop1": 34}}', "needs an integer 'crop2', got None"),
-        ('{"Default": {"crop1": "34", "crop2": 34, "dimension2": 80}}', "integer 'crop1'"),
+        ("[1, 2]", 'must hold a JSON object of game entries with a "Default" one'),
+        ('{"Pong": {"crop1": 34, "crop2": 34, "dimension2": 80}}', 'with a "Default" one'),
+        ('{"Default": {"crop1": 34}}', r"needs integers crop1 and crop2, got \{'crop1': 34\}"),
+        ('{"Default": {"crop1": "34", "crop2": 34, "dimension2": 80}}', "integers crop1"),
+        ('{"Default": {"crop1": true, "crop2": 34}}', "integers crop1"),
         ('{"Default": {"crop1": 200, "crop2": 0, "dimension2": 80}}', "which is empty"),
-        ('{"Default": 5}', "entry 'Default' must be an object"),
+        ('{"Default": 5}', "entry 'Default' needs integers crop1 and crop2, got 5"),
     ],
 )
 def test_malformed_config_is_rejected_with_the_reason(tmp_path, text, message):
