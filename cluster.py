@@ -79,25 +79,24 @@ def add_flat(model: nn.Module, change: np.ndarray) -> None:
 
     In place, so a shared model stays shared and the workers' updates made meanwhile are kept.
     """
-    _write_flat(model, change, torch.Tensor.add_)
+    _write_flat(list(model.parameters()), change, torch.Tensor.add_)
 
 
 def set_flat(model: nn.Module, weights: np.ndarray) -> None:
     """Copy a flat vector (`flat_weights`' layout) into the parameters, in place."""
-    _write_flat(model, weights, torch.Tensor.copy_)
+    _write_flat(list(model.parameters()), weights, torch.Tensor.copy_)
 
 
-def _write_flat(
-    model: nn.Module, flat: np.ndarray, write: Callable[[torch.Tensor, torch.Tensor], object]
-) -> None:
-    expected = sum(p.numel() for p in model.parameters())
+def _write_flat(tensors: list[torch.Tensor], flat: np.ndarray, write: Callable) -> None:
+    """Write `flat`'s consecutive runs into `tensors` with `write` (``add_`` or ``copy_``)."""
+    expected = sum(tensor.numel() for tensor in tensors)
     if flat.shape != (expected,):
-        raise ValueError(f"expected {expected} weights, got {flat.size}")
+        raise ValueError(f"expected {expected} values, got {flat.size}")
     offset = 0
     with torch.no_grad():
-        for param in model.parameters():
-            size = param.numel()
-            write(param, _tensor(flat[offset : offset + size]).view_as(param))
+        for tensor in tensors:
+            size = tensor.numel()
+            write(tensor, _tensor(flat[offset : offset + size]).view_as(tensor))
             offset += size
 
 
@@ -208,12 +207,11 @@ class StatisticsSync:
         self.workers = workers
         self.before = before
         self.averages = optimizer.moving_averages()
-        self.sizes = np.array([tensor.numel() for tensor, _, _ in self.averages], dtype=np.int64)
-        starts = np.cumsum([0, *self.sizes[:-1]]).tolist()
-        self.bounds = list(zip(starts, self.sizes.tolist(), strict=True))
+        self.tensors = [tensor for tensor, _, _ in self.averages]
+        self.sizes = np.array([tensor.numel() for tensor in self.tensors], dtype=np.int64)
         self.decays = np.array([decay for _, decay, _ in self.averages], dtype=np.float64)
         if averages is not None:
-            self._write(averages, torch.Tensor.copy_, np.ones_like(self.decays))
+            self._write(averages, torch.Tensor.copy_)
         self.snapshot = self.read()
         self.read_at = self.own_steps()
         optimizer.step_counts[workers] = steps
@@ -224,15 +222,12 @@ class StatisticsSync:
 
     def read(self) -> np.ndarray:
         """The averages as one float32 vector (a copy)."""
-        return torch.cat([tensor.reshape(-1) for tensor, _, _ in self.averages]).numpy()
+        return torch.cat([tensor.reshape(-1) for tensor in self.tensors]).numpy()
 
-    def _write(self, flat: np.ndarray, write: Callable, scales: np.ndarray) -> None:
+    def _write(self, flat: np.ndarray, write: Callable) -> None:
+        _write_flat(self.tensors, flat, write)
         with torch.no_grad():
-            for (tensor, _, second), (start, size), scale in zip(
-                self.averages, self.bounds, scales.tolist(), strict=True
-            ):
-                part = _tensor(flat[start : start + size]).view_as(tensor)
-                write(tensor, part * scale if scale != 1.0 else part)
+            for tensor, _, second in self.averages:
                 if second:
                     tensor.clamp_(min=0)  # a Hogwild race or a rounding: never below 0
 
@@ -244,8 +239,9 @@ class StatisticsSync:
         decayed = self.snapshot.copy()
         decay_runs(decayed, decays, self.sizes)
         pulled, total = send(current - decayed, decays, self.sizes, steps + self.before)
-        during = self.decays ** (self.own_steps() - steps)
-        self._write(pulled - current, torch.Tensor.add_, during)
+        change = pulled - current
+        decay_runs(change, self.decays ** (self.own_steps() - steps), self.sizes)  # k2 steps
+        self._write(change, torch.Tensor.add_)
         self.snapshot = pulled
         self.read_at = steps
         self.optimizer.step_counts[self.workers] = total - steps
@@ -422,23 +418,18 @@ def exchange_load(nodes: int, round_trip_ms: float, sync_interval: float) -> flo
     return nodes * round_trip_ms / (1e3 * sync_interval + round_trip_ms)
 
 
-def busy_warning(
-    nodes: int,
-    round_trip_ms: float,
-    sync_interval: float,
-    precision: str = "fp32",
-    statistics: bool = False,
-) -> str | None:
+def busy_warning(nodes: int, round_trip_ms: float, config: TrainConfig) -> str | None:
     """The warning for an exchange load (`exchange_load`) of `BUSY_LOAD` or more, else None."""
+    sync_interval = config.sync_interval
     load = exchange_load(nodes, round_trip_ms, sync_interval)
     if load < BUSY_LOAD:
         return None
     # The interval at which the same round trips would make a load of one half.
     enough = math.ceil(round_trip_ms * (2 * nodes - 1) / 1e3)
     fixes = [f"raise --sync-interval to {max(enough, math.ceil(2 * sync_interval))} s"]
-    if statistics:
+    if config.exchange_statistics:
         fixes.append("drop --exchange-statistics (3x the bytes)")
-    if precision == "fp32":
+    if config.exchange_precision == "fp32":
         fixes.append("use --exchange-precision fp16 where the network is the limit")
     return (
         f"{nodes} nodes' exchanges take {round_trip_ms:.0f} ms each against --sync-interval "
@@ -507,14 +498,7 @@ class NodeLauncher:
         model = build_model(env.observation_space, env.action_space, config.hidden_size)
         shape = env.observation_space.shape
         env.close()
-        # A server that does not answer fails this node's start (the driver names it), not
-        # hangs it: the driver's wait for the nodes would end, this actor would not.
-        try:
-            joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the parameter server did not answer this node's join in {SERVER_SECONDS:.0f} s"
-            ) from None
+        joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
         set_flat(model, joined["weights"])
         model.share_memory()
         optimizer = None
@@ -855,13 +839,7 @@ class ClusterRun:
         self.busy_window = (now, 0, 0.0)
         if not window_count or not self.runs or now < self.next_busy_warning:
             return
-        warning = busy_warning(
-            len(self.runs),
-            window_ms / window_count,
-            self.config.sync_interval,
-            self.config.exchange_precision,
-            self.config.exchange_statistics,
-        )
+        warning = busy_warning(len(self.runs), window_ms / window_count, self.config)
         if warning:
             self.log.warning(warning)
             self.next_busy_warning = now + BUSY_WARNING_SECONDS

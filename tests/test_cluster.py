@@ -162,7 +162,7 @@ def test_flat_weights_round_trip_in_place():
     set_flat(model, weights * 2)
     assert np.allclose(flat_weights(model), weights * 2)
     assert [p.data_ptr() for p in model.parameters()] == storage  # still the shared tensors
-    with pytest.raises(ValueError, match="expected 26 weights, got 3"):
+    with pytest.raises(ValueError, match="expected 26 values, got 3"):
         add_flat(model, np.zeros(3, np.float32))
 
 
@@ -225,13 +225,14 @@ def test_the_driver_hears_the_round_trips_since_its_last_pull_and_warns_when_the
     # 2 nodes at 1 s with 188 ms round trips (the statistics' exchange measured on 2 nodes):
     # busy a third of the time at most; 10 such nodes overlap.
     assert exchange_load(2, 188.0, 1.0) == pytest.approx(0.316, abs=1e-3)
-    assert busy_warning(2, 188.0, 1.0, "fp32", True) is None
-    warning = busy_warning(10, 188.0, 1.0, "fp32", True)
+    statistics = make_args(sync_interval=1.0, exchange_statistics=True)
+    assert busy_warning(2, 188.0, statistics) is None
+    warning = busy_warning(10, 188.0, statistics)
     assert warning is not None and "\n" not in warning
     assert "10 nodes' exchanges take 188 ms" in warning and "load of 1.58" in warning
     assert "raise --sync-interval to 4 s" in warning  # 188 ms x 19: a load of one half
     assert "drop --exchange-statistics" in warning and "--exchange-precision fp16" in warning
-    advice = busy_warning(64, 60.0, 1.0, "fp16", False)
+    advice = busy_warning(64, 60.0, make_args(sync_interval=1.0, exchange_precision="fp16"))
     assert "raise --sync-interval to 8 s" in advice and "fp16" not in advice.split(";")[1]
     assert "statistics" not in advice
 
