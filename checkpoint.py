@@ -107,15 +107,13 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 def _fsync_folder(folder: Path) -> None:
-    try:
+    # Some network mounts cannot open a folder, and some file systems cannot sync one.
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a folder that cannot be opened (some network mounts): nothing to sync
-        return
-    try:
-        with contextlib.suppress(OSError):  # not supported on some file systems
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
@@ -225,10 +223,8 @@ def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str
             f"checkpoint {str(path)!r} was saved with --hidden-size {saved_hidden}; this run "
             f"uses {own_hidden}: pass --hidden-size {saved_hidden}"
         )
-    saved_actions, own_actions = (
-        state["actor_linear.bias"].shape[0],
-        own["actor_linear.bias"].shape[0],
-    )
+    saved_actions = state["actor_linear.bias"].shape[0]
+    own_actions = own["actor_linear.bias"].shape[0]
     if saved_actions != own_actions:
         raise UsageError(
             f"checkpoint {str(path)!r} was saved for a game with {saved_actions} actions; this "
@@ -265,18 +261,6 @@ def lstm_width(weights: Any) -> int | None:
     """The LSTM hidden size of a state_dict, None where it holds no LSTM weights."""
     weight = weights.get("lstm.weight_hh") if isinstance(weights, dict) else None
     return int(weight.shape[1]) if torch.is_tensor(weight) and weight.dim() == 2 else None
-
-
-def loaded_hidden_size(paths: RunPaths) -> int | None:
-    """The LSTM hidden size of what main.py's ``--load`` reads: its state, else its ``.dat``.
-
-    Raises:
-        UsageError: the file is truncated, not a PyTorch file or holds pickled objects; the
-            state is not a training state (each said as the resume says it).
-    """
-    if paths.load_state.is_file():
-        return lstm_width(TrainingState.read_file(paths.load_state).get("model"))
-    return saved_hidden_size(paths.load_model)
 
 
 def load_weights(model: nn.Module, path: str | Path, hint: str = "") -> None:
@@ -470,8 +454,8 @@ class RunPaths:
 # What marks a folder as written by a live run of an env: ``<folder><env>.lock``.
 RUN_LOCK_SUFFIX = ".lock"
 
-_held_run_locks: dict[tuple[int, int], tuple[Path, int]] = {}
-"""The run locks this process holds, by the lock file's device and inode: path and open fd."""
+_held_run_locks: dict[Path, int] = {}
+"""The run locks this process holds: each lock file's resolved path and its open fd."""
 
 
 def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
@@ -485,37 +469,27 @@ def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
     Raises:
         UsageError: another live process holds the mark; names its process id and the fix.
     """
-    path = checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX)
-    while True:  # until the file locked is the one at `path` (another run's exit removes it)
-        opened = _open_lock_file(path)
-        if opened is None:  # no folder yet, or not writable: check_writable's to say
+    path = checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX).resolve()
+    while path not in _held_run_locks:  # until the file locked is the one at `path`
+        fd = _open_lock_file(path)
+        if fd is None:  # no folder yet, or not writable: check_writable's to say
             return
-        fd, made = opened
         try:
-            found = os.fstat(fd)
-            if (found.st_dev, found.st_ino) in _held_run_locks:  # this process's own
-                os.close(fd)
-                return
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
-                raise _another_run(folder, env_id, flag, holder) from None
-            except OSError:  # a file system without locks: run as the original does
-                if made:
-                    with contextlib.suppress(OSError):
+            if not _lock(fd, fcntl.LOCK_EX, folder, env_id, flag):  # a file system without locks
+                with contextlib.suppress(OSError):
+                    if os.fstat(fd).st_size == 0:  # made here: leave nothing
                         path.unlink()
                 os.close(fd)
                 return
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(path).st_ino == found.st_ino:
+            with contextlib.suppress(FileNotFoundError):  # removed by its run before the lock
+                if os.path.samestat(os.stat(path), os.fstat(fd)):
                     with contextlib.suppress(OSError):  # another user's file, opened to read
                         os.ftruncate(fd, 0)
                         os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
-                    _held_run_locks[found.st_dev, found.st_ino] = (path.absolute(), fd)
+                    _held_run_locks[path] = fd
                     return
-            os.close(fd)  # removed (or replaced) by the run that held it, between open and lock
-        except BaseException:  # the refusal above, or a Ctrl-C: no file left open
+            os.close(fd)
+        except BaseException:  # the refusal, or a Ctrl-C: no file left open
             os.close(fd)
             raise
 
@@ -526,62 +500,53 @@ def refuse_another_run(folder: str | Path, env_id: str, flag: str) -> None:
     Raises:
         UsageError: another process holds the mark (`hold_run_lock`); names it and the fix.
     """
+    path = checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX).resolve()
+    if path in _held_run_locks:  # this process's own
+        return
     try:
-        fd = os.open(checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # no lock file: no run there
         return
     try:
-        found = os.fstat(fd)
-        if (found.st_dev, found.st_ino) in _held_run_locks:  # this process's own
-            return
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go when the file closes
-    except BlockingIOError:
-        holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
-        raise _another_run(folder, env_id, flag, holder) from None
-    except OSError:  # a file system without locks
-        return
+        _lock(fd, fcntl.LOCK_SH, folder, env_id, flag)  # let go when the file closes
     finally:
         os.close(fd)
 
 
-def _another_run(folder: str | Path, env_id: str, flag: str, holder: str) -> UsageError:
-    return UsageError(
-        f"{flag} {str(folder)!r} is being written by another run of {env_id} (process "
-        f"{holder}), which would write over this run's files and this run over its; stop "
-        f"that run first, or give {flag} another folder"
-    )
+def _open_lock_file(path: Path) -> int | None:
+    """`path` opened (made where missing), read-only where it is another user's; else None."""
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # a lock needs no write
+        with contextlib.suppress(OSError):
+            return os.open(path, flags, 0o666)
+    return None
 
 
-def _open_lock_file(path: Path) -> tuple[int, bool] | None:
-    """`path` opened (made where missing) and whether this call made it; None where neither."""
-    while True:
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
-        for flags in (os.O_RDWR, os.O_RDONLY):
-            try:
-                return os.open(path, flags), False
-            except PermissionError:  # another user's, in a shared folder: a lock needs no write
-                continue
-            except FileNotFoundError:  # its run removed it meanwhile: make it afresh
-                break
-            except OSError:
-                return None
-        else:
-            return None  # neither writable nor readable
+def _lock(fd: int, operation: int, folder: str | Path, env_id: str, flag: str) -> bool:
+    """Lock `fd` without waiting; False on a file system without locks.
+
+    Raises:
+        UsageError: another live process holds the lock; names it (the file's text) and the fix.
+    """
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 300).decode(errors="replace").strip() or "unknown"
+        raise UsageError(
+            f"{flag} {str(folder)!r} is being written by another run of {env_id} (process "
+            f"{holder}), which would write over this run's files and this run over its; stop "
+            f"that run first, or give {flag} another folder"
+        ) from None
+    except OSError:
+        return False
+    return True
 
 
 def release_run_locks() -> None:
     """Remove this process's run-lock files and let their locks go (at its exit)."""
     while _held_run_locks:
-        (device, inode), (path, fd) = _held_run_locks.popitem()
+        path, fd = _held_run_locks.popitem()
         with contextlib.suppress(OSError):
-            found = os.stat(path)
-            if (found.st_dev, found.st_ino) == (device, inode):  # not moved or replaced
-                path.unlink()  # while still locked: a run waiting on it then opens afresh
+            path.unlink()  # while still locked: a run that opened it meanwhile opens afresh
         os.close(fd)
 
 

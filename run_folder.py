@@ -35,9 +35,9 @@ from checkpoint import (
     file_sha256,
     hold_run_lock,
     load_weights,
-    loaded_hidden_size,
     lstm_width,
     refuse_another_run,
+    saved_hidden_size,
     write_json_atomic,
 )
 from cli import TrainConfig, as_dict
@@ -118,25 +118,16 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
         if state is not None and state.tensorboard_dir
         else paths.runs / new_run_name(env_file_stem(config.env), paths)
     )
+    # The LSTM width: --hidden-size, else that of what --load reads, else the original's.
+    width = config.hidden_size
+    if width is None and state is not None:
+        width = lstm_width(state.model)
+    elif width is None and config.load:  # a .dat alone
+        width = saved_hidden_size(paths.load_model)
     return RunPlan(
-        config.env, hidden_size(config, paths, state), folders, paths, state, tensorboard_dir,
-        earlier_logs, tuple(warnings),
+        config.env, width or HIDDEN_SIZE, folders, paths, state, tensorboard_dir, earlier_logs,
+        tuple(warnings),
     )  # fmt: skip
-
-
-def hidden_size(config: TrainConfig, paths: RunPaths, state: TrainingState | None = None) -> int:
-    """The LSTM width: ``--hidden-size``, else that of what ``--load`` reads, else the original's.
-
-    Raises:
-        UsageError: the file ``--load`` reads is damaged or not a training state.
-    """
-    if config.hidden_size is not None:
-        return config.hidden_size
-    if not config.load:
-        return HIDDEN_SIZE
-    # The state `plan` read already, else the file --load reads (a .dat alone: no state).
-    width = lstm_width(state.model) if state is not None else loaded_hidden_size(paths)
-    return width or HIDDEN_SIZE
 
 
 def read_state(path: Path, config: TrainConfig, statistics: bool) -> TrainingState:

@@ -248,15 +248,13 @@ def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path, mo
     import gymnasium as gym
 
     import run_folder
-    from checkpoint import RunPaths
     from cli import parse_train_args
     from model import HIDDEN_SIZE, A3Clstm
 
     def width(*flags: str) -> int:
         """The width the run's plan gives (parsing reads no file)."""
-        config = parse_train_args(["--env", "CartPole-v1", *flags])
-        paths = RunPaths.of(config.env, "logs/", "trained_models/", config.load_model_dir, False)
-        return run_folder.hidden_size(config, paths)
+        out = ["--save-model-dir", str(tmp_path / "out"), "--log-dir", str(tmp_path / "logs")]
+        return run_folder.plan(parse_train_args(["--env", "CartPole-v1", *out, *flags])).hidden_size
 
     def agent(hidden: int) -> dict:
         return A3Clstm(4, gym.spaces.Discrete(2), hidden).state_dict()
@@ -271,7 +269,8 @@ def test_main_reads_the_hidden_size_of_what_load_reads_unless_given(tmp_path, mo
     assert width() == HIDDEN_SIZE  # a fresh run: not read
     with pytest.raises(UsageError, match="is read only with --load; add --load to go on from"):
         width("--load-model-dir", str(tmp_path))  # given without --load: a resume forgotten
-    TrainingState(model=agent(24), steps=10).save(tmp_path / "CartPole-v1_state.pt")
+    state = TrainingState(model=agent(24), steps=10, config={"env": "CartPole-v1"})
+    state.save(tmp_path / "CartPole-v1_state.pt")
     assert width(*load) == 24  # the training state, which --load resumes from
     assert width(*load, "--hidden-size", "8") == 8  # given: kept (the load then refuses it)
     state = (tmp_path / "CartPole-v1_state.pt").read_bytes()
