@@ -197,19 +197,15 @@ def protocol(
 
 
 def short_episode_warning(played: dict[str, Any]) -> str | None:
-    """What to warn where a `protocol`'s episode cap can cut games before the agent acts.
+    """What to warn where a `protocol`'s episode cap can cut games before the agent acts, or None.
 
-    The cap is in raw frames, and the reset's no-ops and FIRE steps count toward it, as in the
-    original. None otherwise.
+    The cap is in raw frames (the most a step takes, for a random skip), and the reset's no-ops
+    and FIRE count toward it, as in the original.
     """
-    noops = played.get("noop_starts", 0)
-    if not noops:
-        return None
-    cap, skip = played["episode_cap_steps"], played["frame_skip"]
-    if isinstance(skip, list):  # a random skip: its cap counts the most frames a step takes
-        skip = skip[1]
+    noops, cap = played.get("noop_starts", 0), played["episode_cap_steps"]
+    skip = skip_bounds(played.get("frame_skip", 1))[1]  # a random skip's [low, high] too
     reset_frames = noops + 2 * skip  # the most no-ops, then FIRE and the step after it
-    if cap * skip > reset_frames:
+    if not noops or cap * skip > reset_frames:
         return None
     return (
         f"--max-episode-length {cap} is {cap * skip} frames, which the reset's 1-{noops} random "
@@ -273,8 +269,6 @@ class NoopResetEnv(gym.Wrapper):
 
     def __init__(self, env: gym.Env, noop_max: int = NOOP_MAX):
         super().__init__(env)
-        if noop_max < 1:
-            raise ValueError(f"expected noop_max >= 1, got {noop_max}")
         self.noop_max = noop_max
         self.last_noops = 0
 
@@ -298,12 +292,7 @@ class MaxAndSkipEnv(gym.Wrapper):
 
     def __init__(self, env: gym.Env, skip: FrameSkip = 4):
         super().__init__(env)
-        low, high = skip_bounds(skip)
-        if not 1 <= low <= high:
-            raise ValueError(
-                f"expected skip >= 1, or (low, high) with 1 <= low <= high, got {skip}"
-            )
-        self.skip_low, self.skip = low, high
+        self.skip_low, self.skip = skip_bounds(skip)
         self._frames: deque[np.ndarray] = deque(maxlen=3)
 
     def step(self, action: Any) -> StepResult:
@@ -496,95 +485,6 @@ class NormalizedEnv(gym.ObservationWrapper):
 # Builders
 
 
-def atari_env(
-    env_id: str,
-    env_conf: dict[str, int],
-    max_episode_length: int = 10000,
-    skip_rate: FrameSkip = 4,
-    render_mode: str | None = None,
-    repeat_action_probability: float | None = None,
-) -> gym.Env:
-    """Build an ALE game with the original A3G wrapper stack.
-
-    For ``*NoFrameskip*`` ids: a raw-frame time limit, no-op reset, max-and-skip, game score,
-    episodic life, fire reset, rescale, normalise. Where ALE skips frames itself
-    (``ALE/*-v5``) an agent-step time limit replaces the first three. The arguments are taken
-    as `validate` passed them.
-
-    Raises:
-        UsageError: an id with other than RGB observations.
-    """
-    spec = lookup_spec(env_id)
-    if spec.kwargs.get("obs_type", "rgb") != "rgb":
-        raise UsageError(
-            f"{env_id!r} gives {spec.kwargs['obs_type']} observations; A3G needs RGB screens: "
-            "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
-        )
-    low, high = skip_bounds(skip_rate)
-    we_skip = spec.kwargs.get("frameskip", 1) == 1
-    # Raised past ALE's own cap, which would otherwise end episodes before ours does.
-    max_frames = max(
-        episode_frames(env_id, max_episode_length, skip_rate)[0], ALE_DEFAULT_MAX_FRAMES
-    )
-    sticky = sticky_probability(env_id, repeat_action_probability)
-    env = gym.make(
-        env_id,
-        render_mode=render_mode,
-        repeat_action_probability=sticky,
-        max_num_frames_per_episode=max_frames,
-    )
-    if we_skip:
-        env = gym.wrappers.TimeLimit(env, max_episode_length * high)
-        env = MaxAndSkipEnv(NoopResetEnv(env, NOOP_MAX), skip_rate)
-    if not we_skip or low != high:  # a random skip: the frame cap alone allows more agent steps
-        env = gym.wrappers.TimeLimit(env, max_episode_length)
-    env = EpisodicLifeEnv(GameScore(env))
-    if "FIRE" in env.unwrapped.get_action_meanings():
-        env = FireResetEnv(env)
-    env = AtariRescale(env, env_conf)
-    return NormalizedEnv(env)
-
-
-def vector_episode_cap(spec: RegisteredSpec, max_episode_length: int) -> int:
-    """Agent steps before a non-Atari game is cut: `max_episode_length` only shortens its own."""
-    own = spec.max_episode_steps
-    return max_episode_length if own is None else min(own, max_episode_length)
-
-
-def vector_env(
-    env_id: str,
-    max_episode_length: int = 10000,
-    vector_obs_norm: bool = False,
-    render_mode: str | None = None,
-) -> gym.Env:
-    """Build a gymnasium env with flat vector observations and discrete actions.
-
-    With `vector_obs_norm` observations are standardised per feature by running statistics.
-
-    Raises:
-        UsageError: a package the env needs is missing, or spaces A3G cannot use.
-    """
-    spec = lookup_spec(env_id)
-    try:
-        env = gym.make(env_id, render_mode=render_mode)
-    except gym.error.DependencyNotInstalled as err:
-        raise UsageError(f"{env_id!r} needs a package that is not installed: {err}") from None
-    obs_space, act_space = env.observation_space, env.action_space
-    flat = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
-    if not (flat and isinstance(act_space, gym.spaces.Discrete)):
-        env.close()
-        raise UsageError(
-            f"{env_id!r} has observations {obs_space} and actions {act_space}; outside Atari, "
-            "A3G takes flat vector observations and Discrete actions (e.g. CartPole-v1)"
-        )
-    cap = vector_episode_cap(spec, max_episode_length)
-    if cap != spec.max_episode_steps:
-        env = gym.wrappers.TimeLimit(env, cap)
-    if vector_obs_norm:
-        env = gym.wrappers.NormalizeObservation(env)
-    return GameScore(env)
-
-
 @dataclass(frozen=True)
 class EnvSpec:
     """How every env of a run is built: made once from the configuration, given to each process.
@@ -617,12 +517,84 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     Raises:
         UsageError: see `atari_env` and `vector_env`.
     """
-    if is_atari(spec.env_id):
-        return atari_env(
-            spec.env_id, spec.crop, spec.max_episode_length, spec.skip_rate, render_mode,
-            spec.repeat_action_probability,
-        )  # fmt: skip
-    return vector_env(spec.env_id, spec.max_episode_length, spec.vector_obs_norm, render_mode)
+    build = atari_env if is_atari(spec.env_id) else vector_env
+    return build(spec, render_mode)
+
+
+def atari_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """Build an ALE game with the original A3G wrapper stack.
+
+    For ``*NoFrameskip*`` ids: a raw-frame time limit, no-op reset, max-and-skip, game score,
+    episodic life, fire reset, rescale, normalise. Where ALE skips frames itself
+    (``ALE/*-v5``) an agent-step time limit replaces the first three. The spec's values are
+    taken as `validate` passed them.
+
+    Raises:
+        UsageError: an id with other than RGB observations.
+    """
+    env_id, length, skip = spec.env_id, spec.max_episode_length, spec.skip_rate
+    registered = lookup_spec(env_id).kwargs
+    if registered.get("obs_type", "rgb") != "rgb":
+        raise UsageError(
+            f"{env_id!r} gives {registered['obs_type']} observations; A3G needs RGB screens: "
+            "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
+        )
+    low, high = skip_bounds(skip)
+    we_skip = registered.get("frameskip", 1) == 1
+    # Raised past ALE's own cap, which would otherwise end episodes before ours does.
+    max_frames = max(episode_frames(env_id, length, skip)[0], ALE_DEFAULT_MAX_FRAMES)
+    env = gym.make(
+        env_id,
+        render_mode=render_mode,
+        repeat_action_probability=sticky_probability(env_id, spec.repeat_action_probability),
+        max_num_frames_per_episode=max_frames,
+    )
+    if we_skip:
+        env = gym.wrappers.TimeLimit(env, length * high)
+        env = MaxAndSkipEnv(NoopResetEnv(env, NOOP_MAX), skip)
+    if not we_skip or low != high:  # a random skip: the frame cap alone allows more agent steps
+        env = gym.wrappers.TimeLimit(env, length)
+    env = EpisodicLifeEnv(GameScore(env))
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireResetEnv(env)
+    env = AtariRescale(env, spec.crop)
+    return NormalizedEnv(env)
+
+
+def vector_episode_cap(spec: RegisteredSpec, max_episode_length: int) -> int:
+    """Agent steps before a non-Atari game is cut: `max_episode_length` only shortens its own."""
+    own = spec.max_episode_steps
+    return max_episode_length if own is None else min(own, max_episode_length)
+
+
+def vector_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """Build a gymnasium env with flat vector observations and discrete actions.
+
+    With `vector_obs_norm` observations are standardised per feature by running statistics.
+
+    Raises:
+        UsageError: a package the env needs is missing, or spaces A3G cannot use.
+    """
+    env_id = spec.env_id
+    try:
+        env = gym.make(env_id, render_mode=render_mode)
+    except gym.error.DependencyNotInstalled as err:
+        raise UsageError(f"{env_id!r} needs a package that is not installed: {err}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    flat = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    if not (flat and isinstance(act_space, gym.spaces.Discrete)):
+        env.close()
+        raise UsageError(
+            f"{env_id!r} has observations {obs_space} and actions {act_space}; outside Atari, "
+            "A3G takes flat vector observations and Discrete actions (e.g. CartPole-v1)"
+        )
+    registered = lookup_spec(env_id)
+    cap = vector_episode_cap(registered, spec.max_episode_length)
+    if cap != registered.max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, cap)
+    if spec.vector_obs_norm:
+        env = gym.wrappers.NormalizeObservation(env)
+    return GameScore(env)
 
 
 def was_real_done(env: gym.Env) -> bool:
