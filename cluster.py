@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import math
 import os
 import signal
@@ -75,10 +74,7 @@ def weights_digest(weights: np.ndarray) -> str:
 
 
 def add_flat(model: nn.Module, change: np.ndarray) -> None:
-    """Add a flat vector (`flat_weights`' layout) to the parameters, in place.
-
-    In place, so a shared model stays shared and the workers' updates made meanwhile are kept.
-    """
+    """Add a flat vector (`flat_weights`' layout) in place: updates made meanwhile are kept."""
     _write_flat(list(model.parameters()), change, torch.Tensor.add_)
 
 
@@ -128,7 +124,6 @@ class ErrorFeedback:
     """
 
     def __init__(self, size: int):
-        """A stream of `size` values, nothing owed yet."""
         self.owed = np.zeros(size, dtype=np.float32)
 
     def send(self, values: np.ndarray) -> np.ndarray:
@@ -199,7 +194,7 @@ class StatisticsSync:
     def __init__(
         self, optimizer: Any, workers: int, averages: np.ndarray | None, steps: int, before: int
     ):
-        """Start from the cluster's averages (None: none pushed yet, this node's zeros).
+        """Start from the cluster's `averages` (None: this node's zeros) and step counts.
 
         `before` is this node's own steps before this launcher (a restart), pushed on top.
         """
@@ -265,12 +260,10 @@ class ParameterServer:
     """
 
     def __init__(self, weights: np.ndarray, base_steps: int = 0, base_skipped: int = 0):
-        """Start from `weights` (a fresh model's, or a resumed run's)."""
         self.weights = np.array(weights, dtype=np.float32, copy=True)
         self.base_steps = base_steps
         self.base_skipped = base_skipped
-        self.node_steps: dict[str, int] = {}
-        self.node_skipped: dict[str, int] = {}
+        self.counts: dict[str, tuple[int, int]] = {}  # node -> its steps and skipped steps
         self.pushes: dict[str, int] = {}
         self.bytes_exchanged = 0
         self.round_trips = (0, 0.0)  # the whole run's: count, total milliseconds
@@ -302,11 +295,8 @@ class ParameterServer:
         touches neither the node's counts nor its view. A `last` answer's digest is kept for
         the run record.
         """
-        if change.shape != self.weights.shape:
-            raise ValueError(f"expected {self.weights.shape[0]} weights, got {change.shape}")
         add_into(self.weights, change)
-        if reports:  # its workers trained, also a replaced launcher's
-            self.reports.extend(reports)
+        self.reports.extend(reports or ())  # its workers trained, also a replaced launcher's
         if generation != self.generations.get(node, 0):
             self.bytes_exchanged += change.nbytes + self.weights.nbytes
             return self.weights, self.total_steps()
@@ -320,8 +310,7 @@ class ParameterServer:
             answer = to_fp16(self.weights - view)
             add_into(view, answer)  # the node adds the same to its snapshot
         self.pushes[node] = self.pushes.get(node, 0) + 1
-        self.node_steps[node] = steps
-        self.node_skipped[node] = skipped
+        self.counts[node] = (steps, skipped)
         self.bytes_exchanged += change.nbytes + answer.nbytes
         if last_round_trip_ms is not None:
             count, total = self.round_trips
@@ -342,14 +331,9 @@ class ParameterServer:
         steps: int,
         generation: int = 0,
     ) -> tuple[np.ndarray, int]:
-        """Merge a node's optimizer statistics into the cluster's (`StatisticsSync`).
-
-        Returns the cluster's statistics and the run's optimizer steps (every node's).
-        """
+        """Merge a node's statistics (`StatisticsSync`); return them and every node's steps."""
         if self.statistics is None:
             self.statistics = np.zeros_like(new, dtype=np.float32)
-        if new.shape != self.statistics.shape or int(np.sum(sizes)) != new.size:
-            raise ValueError(f"expected {self.statistics.size} statistics, got {new.size}")
         decay_runs(self.statistics, decays, sizes)  # avg = decays * avg + new
         add_into(self.statistics, new)
         if generation == self.generations.get(node, 0):
@@ -369,8 +353,7 @@ class ParameterServer:
             "weights": self.weights,
             "steps": self.total_steps(),
             "base_steps": self.base_steps,
-            "node_steps": self.node_steps.get(node, 0),
-            "node_skipped": self.node_skipped.get(node, 0),
+            "node_counts": self.counts.get(node, (0, 0)),
             "generation": self.generations[node],
             "statistics": self.statistics,
             "optimizer_steps": sum(self.node_optimizer_steps.values()),
@@ -383,7 +366,7 @@ class ParameterServer:
 
     def total_steps(self) -> int:
         """Agent steps of the whole run: before it, and every node's since."""
-        return self.base_steps + sum(self.node_steps.values())
+        return self.base_steps + sum(steps for steps, _ in self.counts.values())
 
     def pull(self) -> dict[str, Any]:
         """What the driver needs: weights, counts, reports and round trips since its last pull."""
@@ -392,7 +375,7 @@ class ParameterServer:
         return {
             "weights": self.weights,
             "steps": self.total_steps(),
-            "skipped": self.base_skipped + sum(self.node_skipped.values()),
+            "skipped": self.base_skipped + sum(skipped for _, skipped in self.counts.values()),
             "reports": reports,
             "round_trips": (len(recent), sum(recent)),
         }
@@ -485,8 +468,7 @@ class NodeLauncher:
         from model import build_model
         from shared_optim import make_optimizer
 
-        # A machine's GPUs and CPU, checked here as on a single machine: a node short of them
-        # fails to start, and the driver names it.
+        # This machine's GPUs and CPU: a node short of them fails to start; the driver names it.
         check_gpus(config.gpu_ids)
         check_precision(config.precision, config.gpu_ids)
         self.config = node_config(config, index, place)
@@ -515,12 +497,11 @@ class NodeLauncher:
             self.config, paths, spec, model, optimizer, shape, "", test_process=False,
             extra_slots=1, resumed_steps=joined["base_steps"],
         )  # fmt: skip
-        self.others_slot = config.workers  # the other nodes' steps, written by this actor only
-        # Everything but this launcher's own steps: the other nodes' and this node's before
-        # this launcher (a restart), as each exchange writes it below.
+        # Slot W holds every step but this launcher's own: the other nodes' and this node's
+        # earlier launchers' (a restart). Only this actor writes it, at each exchange.
+        self.others_slot = config.workers
         self.pool.ctx.steps[self.others_slot] = joined["steps"]
-        # This node's counts before this launcher (a restart): pushed on top of its own.
-        self.before = (joined["node_steps"], joined["node_skipped"])
+        self.before = joined["node_counts"]  # its earlier launchers' steps and skipped steps
         self.generation = joined["generation"]
         self.sync = WeightSync(model, joined["weights"], config.exchange_precision)
         self.statistics = None
@@ -550,12 +531,10 @@ class NodeLauncher:
 
         self.sync.exchange(send, last)
         if self.statistics is not None and not last:  # the last: no step follows
-
-            def send_statistics(*pushed: Any) -> tuple[np.ndarray, int]:
-                call = self.server.exchange_statistics.remote(self.node, *pushed, self.generation)
-                return self.ray.get(call)
-
-            self.statistics.exchange(send_statistics)
+            remote = self.server.exchange_statistics.remote
+            self.statistics.exchange(
+                lambda *pushed: self.ray.get(remote(self.node, *pushed, self.generation))
+            )
         self.round_trip_ms = 1e3 * (time.monotonic() - started)
 
     def _take_reports(self) -> None:
@@ -572,10 +551,9 @@ class NodeLauncher:
             self.next_sync = time.monotonic() + self.config.sync_interval
 
     def run(self) -> dict[str, Any]:
-        """Train until stopped or the step budget is spent; then one last exchange.
+        """Train until stopped or out of budget, exchange a last time, return the node's summary.
 
-        The workers stop first, so this node then holds the server's weights exactly. Returns
-        the node's summary for the run record.
+        The workers stop first, so this node then holds the server's weights exactly.
         """
         try:  # inside the try: a failed spawn still stops the children already started
             if not self.pool.ctx.stopping():  # told to stop before it ran: no workers to start
@@ -611,7 +589,7 @@ def connect(ray: Any, address: str) -> None:
 
     This checkout, less `RAY_EXCLUDES`, reaches the nodes through Ray's runtime environment.
     """
-    runtime_env = {
+    runtime = {
         "working_dir": str(ROOT),
         "excludes": RAY_EXCLUDES,
         # Ray starts its workers at niceness 15; the node launchers' workers would inherit it
@@ -629,10 +607,7 @@ def connect(ray: Any, address: str) -> None:
         # "local", not None: RAY_ADDRESS must not make it join one.
         dashboard = False if address == "local" else None
         ray.init(
-            address=address,
-            include_dashboard=dashboard,
-            runtime_env=runtime_env,
-            log_to_driver=True,
+            address=address, include_dashboard=dashboard, runtime_env=runtime, log_to_driver=True
         )
     except ray.exceptions.AuthenticationError:
         raise UsageError(
@@ -677,10 +652,9 @@ def init_refusal(address: str, err: Exception, reached: bool = False) -> str:
         )
     if not isinstance(err, ValueError):
         return f"--ray-address {address}: Ray could not join the cluster ({why})"
-    ray_address_env = os.environ.get("RAY_ADDRESS")
-    if address == "auto" and ray_address_env:  # Ray's auto reads RAY_ADDRESS first
+    if address == "auto" and (env := os.environ.get("RAY_ADDRESS")):  # Ray's auto reads it first
         return (
-            f"--ray-address auto read RAY_ADDRESS={ray_address_env!r}, which is not an "
+            f"--ray-address auto read RAY_ADDRESS={env!r}, which is not an "
             f"address ({why}); set it to the head's host:port, or unset it"
         )
     return (
@@ -697,11 +671,7 @@ TOKEN_FIX = (
 
 
 def pick_nodes(ray: Any, wanted: int) -> list[dict[str, Any]]:
-    """The alive nodes to train on, the head first; `wanted` 0 = all of them.
-
-    Raises:
-        UsageError: more nodes asked for than are alive.
-    """
+    """The alive nodes to train on, the head first (`wanted` 0: all); UsageError if too few."""
     head = ray.get_runtime_context().get_node_id()
     alive = [n for n in ray.nodes() if n["Alive"]]
     alive.sort(key=lambda n: (n["NodeID"] != head, n["NodeID"]))
@@ -729,12 +699,12 @@ class ClusterRun:
     restart after a launcher failed.
     """
 
-    def __init__(self, ray: Any, launcher: Launcher, log: logging.Logger, nodes: list[dict]):
+    def __init__(self, ray: Any, launcher: Launcher, nodes: list[dict[str, Any]]):
         """Start the parameter server and one node launcher per chosen node, the head first."""
         self.ray = ray
         self.config = config = launcher.config
         self.launcher = launcher
-        self.log = log
+        self.log = launcher.log
         head = nodes[0]["NodeID"]
         ctx = launcher.ctx
         self.server = (
@@ -758,7 +728,7 @@ class ClusterRun:
         self.busy_window = (time.monotonic(), 0, 0.0)  # (start, exchanges timed, total ms)
         self.next_busy_warning = 0.0
         self.next_adopt = time.monotonic() + ADOPT_SECONDS
-        log.info(
+        self.log.info(
             f"cluster: {count_of(len(self.nodes), 'node')} x "
             f"{count_of(config.workers, 'worker')}, parameter server on "
             f"{self.nodes[head]}, exchanges every {config.sync_interval:g} s "
@@ -789,10 +759,9 @@ class ClusterRun:
         """
         now = time.monotonic()
         self.next_adopt = now + ADOPT_SECONDS
-        if self.launcher.ctx.budget_reached() or any(
-            not r["failed"] for r in self.finished.values()
-        ):
-            return  # the run is ending: a node stopped on the budget or its workers' end
+        ended = any(not r["failed"] for r in self.finished.values())
+        if ended or self.launcher.ctx.budget_reached():
+            return  # the run is ending: a node stopped on its workers' end or the budget
         running = set(self.runs.values())
         for node in pick_nodes(self.ray, 0):
             node_id = node["NodeID"]
@@ -814,10 +783,7 @@ class ClusterRun:
             )
 
     def pull(self) -> tuple[int, float]:
-        """The server's weights into the driver's model (the test process plays them).
-
-        Returns the nodes' exchanges timed since the last pull and their total milliseconds.
-        """
+        """The server's weights into the driver's model; returns the round trips since the last."""
         pulled = self.ray.get(self.server.pull.remote(), timeout=SERVER_SECONDS)
         set_flat(self.launcher.shared_model, pulled["weights"])
         ctx = self.launcher.ctx
@@ -882,7 +848,6 @@ class ClusterRun:
 
     def _settle(self, node_id: str, ref: Any) -> bool:
         """Take a launcher's end: its summary, or why it was lost. Returns whether it was lost."""
-        lost = False
         if self.launcher.ctx.stopping():
             after = "the run is stopping"
         elif self.runs:
@@ -891,6 +856,7 @@ class ClusterRun:
             after = "no node is training now"
         try:
             result = self.finished[node_id] = self.ray.get(ref)
+            what = f"failed: {result['stop_reason']}" if result["failed"] else ""
         except self.ray.exceptions.RayError as err:
             lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
             # A launcher that raised (in run() or while starting): its traceback's last line
@@ -900,17 +866,14 @@ class ClusterRun:
             cause = (lines[-1] if task_error else lines[0]).strip()[:300]
             self.lost[node_id] = cause
             self.lost_at[node_id] = time.monotonic()
-            lost = True
             self.server.leave.remote(node_id)
             if refused:
                 self.refused.add(node_id)  # the same machine would refuse again
-            what = "could not start" if refused else "lost"
-            self.log.error(f"{self._name(node_id)} {what}: {cause}; {after}")
-        else:
-            if result["failed"]:
-                self.log.error(f"{self._name(node_id)} failed: {result['stop_reason']}; {after}")
+            what = f"{'could not start' if refused else 'lost'}: {cause}"
+        if what:
+            self.log.error(f"{self._name(node_id)} {what}; {after}")
         self.ray.kill(self.actors[node_id])  # its run is over: free its model and optimizer
-        return lost
+        return node_id not in self.finished  # a node whose launcher finished never restarts
 
     def stop(self) -> None:
         """Stop every node, wait for its last exchange, pull the final weights, record it all."""
@@ -937,8 +900,7 @@ class ClusterRun:
         for node_id in self.runs.values():
             self.lost[node_id] = f"no final exchange within {STOP_SECONDS:.0f} s"
             self.log.error(
-                f"{self._name(node_id)} made no final exchange within {STOP_SECONDS:.0f} s: "
-                "stopped without its last updates"
+                f"{self._name(node_id)} made {self.lost[node_id]}: stopped without its last updates"
             )
             self.ray.kill(self.actors[node_id])  # its workers then stop by themselves
         if not ended_well:
@@ -1002,8 +964,7 @@ def signals_noted(ray: Any) -> Iterator[list[int]]:
 def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
     """``main.py --ray-address ...``: the whole run; returns the exit code.
 
-    `prepare` is ``main.prepare``: it builds the driver's launcher (without workers) once the
-    nodes are picked.
+    `prepare` is ``main.prepare``: it builds the driver's launcher once the nodes are picked.
     """
     try:
         import ray
@@ -1012,7 +973,6 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
             "--ray-address needs Ray, which is not installed; pip install -r "
             "requirements-ray.txt (or drop --ray-address to train on this machine)"
         ) from None
-    log = logging.getLogger("a3g.main")
     try:
         with signals_noted(ray) as noted:  # until the launcher's own handlers take over
             connect(ray, config.ray_address)
@@ -1025,7 +985,7 @@ def run_cluster(config: TrainConfig, prepare: Callable[..., Launcher]) -> int:
         with launcher.signals_caught():
             launcher.open_record()  # before any node starts: a failure leaves none to stop
             try:
-                cluster = ClusterRun(ray, launcher, log, nodes)
+                cluster = ClusterRun(ray, launcher, nodes)
             except Exception as err:  # the server or a launcher could not be created
                 launcher.monitor.close(f"the cluster could not start: {err}", 1)
                 raise
