@@ -350,10 +350,7 @@ def new_run_name(stem: str, paths: RunPaths) -> str:
             if name in line and (match := RUN_ID.search(line))
         }
     with contextlib.suppress(OSError, ValueError):  # no record, or one the run will set aside
-        record = json.loads(paths.record.read_text())
-        config = record.get("config") if isinstance(record, dict) else None
-        if isinstance(config, dict) and isinstance(config.get("tensorboard_dir"), str):
-            taken.add(Path(config["tensorboard_dir"]).name)
+        taken.add(run_of(read_record(paths.record)))
     unique, count = name, 1
     while unique in taken:
         count += 1
@@ -365,6 +362,29 @@ def new_run_name(stem: str, paths: RunPaths) -> str:
 
 
 SET_ASIDE = ("earlier_run", "another_run", "whole")  # suffixes of the records set aside
+_LOG = logging.getLogger("a3g.run_folder")
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The run record at `path`.
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not JSON, or not the shape of a run record.
+    """
+    record = json.loads(path.read_text())
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("previous_runs") or [], list)
+        and isinstance(record.get("config") or {}, dict)
+    ):
+        raise ValueError("not the shape of a run record")
+    return record
+
+
+def run_of(record: dict[str, Any]) -> str:
+    """A record's run, by the name of its TensorBoard folder ("" where it names none)."""
+    return Path(str((record.get("config") or {}).get("tensorboard_dir") or "")).name
 
 
 def has_finished(sitting: dict[str, Any]) -> bool:
@@ -504,13 +524,19 @@ def start_record(
         "git_commit": git_commit(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    previous = None
     if resumed_from is not None:
         record["resumed_from"] = resumed_from
+        previous = _this_runs_record(record_path, Path(tensorboard_dir).name, earlier_record, log)
     elif weights_from is not None:
         record["loaded_weights_from"] = weights_from
-    previous = chained_record(
-        record_path, Path(tensorboard_dir).name, log, resumed_from, weights_from, earlier_record
-    )
+        if record_path.exists():  # copied here by the user
+            previous = _record_of_weights(record_path, Path(weights_from), log)
+    elif record_path.exists():  # a run afresh in an earlier run's --log-dir
+        where = set_aside(record_path, ".earlier_run")
+        log.warning(
+            f"{record_path} held an earlier run's record (its test games stay in the log); {where}"
+        )
     if previous is not None:
         history = previous.pop("previous_runs", None) or []
         record["previous_runs"] = [*history, previous]
@@ -518,109 +544,65 @@ def start_record(
     return record
 
 
-def chained_record(
-    record_path: Path,
-    run: str,
-    log: logging.Logger,
-    resumed_from: str | None = None,
-    weights_from: str | None = None,
-    earlier_record: Path | None = None,
-) -> dict[str, Any] | None:
-    """The record a new sitting's goes on from (``previous_runs``); one in the way is set aside."""
-    if resumed_from is not None:
-        return _this_runs_record(record_path, run, earlier_record, log)
-    if weights_from is not None and record_path.exists():
-        return _record_of_weights(record_path, Path(weights_from), log)  # copied here by the user
-    if record_path.exists():  # a run afresh in an earlier run's --log-dir
-        where = set_aside(record_path, ".earlier_run")
-        log.warning(
-            f"{record_path} held an earlier run's record (its test games stay in the log); {where}"
-        )
-    return None
-
-
 def _this_runs_record(
     record_path: Path, run: str, earlier_record: Path | None, log: logging.Logger
 ) -> dict[str, Any] | None:
-    """A resumed run's own record (its TensorBoard folder's): `earlier_record`, else this one."""
-    own = record_path
+    """A resumed run's own record: `earlier_record`, else this one, else one set aside."""
     found = []
-    for path in (earlier_record, own):
+    for path in (earlier_record, record_path):
         if path is None or not path.exists():
             continue
         previous = _earlier_record(path, record_path, log)
-        if previous is None:
-            continue
-        named = Path(str((previous.get("config") or {}).get("tensorboard_dir") or "")).name
-        if not named or named == run:
+        if previous is not None and run_of(previous) in ("", run):
             found.append(previous)
-        elif path == own:
-            where = set_aside(own, ".another_run")
+        elif previous is not None and path == record_path:
+            where = set_aside(record_path, ".another_run")
             log.warning(
-                f"{own} is the record of another run (TensorBoard folder {named}, this run's "
-                f"is {run}); {where}"
+                f"{record_path} is the record of another run (TensorBoard folder "
+                f"{run_of(previous)}, this run's is {run}); {where}"
             )
     if found:
         return found[0]
-    folders = [own.parent, *([] if earlier_record is None else [earlier_record.parent])]
-    kept = _set_aside_record(record_path, run, folders, log)
-    if kept is None:
-        where = " or ".join(str(folder) for folder in folders)
-        log.warning(
-            f"resume: no run record of the earlier sittings in {where}, so this sitting's "
-            f"record starts without them (copy {own.name} into {own.parent} to keep them)"
-        )
-    return kept
-
-
-def _set_aside_record(
-    record_path: Path, run: str, folders: list[Path], log: logging.Logger
-) -> dict[str, Any] | None:
-    """The latest record of the run named `run` that another run set aside in `folders`."""
-    latest: tuple[float, Path, dict[str, Any]] | None = None
-    name = record_path.name
-    for folder in folders:
-        for path in folder.glob(f"{name}.*"):
-            if not path.name.startswith(tuple(f"{name}.{kind}" for kind in SET_ASIDE)):
-                continue
-            try:
-                written = path.stat().st_mtime
-                previous = json.loads(path.read_text())
-                named = Path(str(previous["config"]["tensorboard_dir"])).name
-            except (OSError, ValueError, TypeError, KeyError):
-                continue
-            if named != run or not isinstance(previous.get("previous_runs") or [], list):
-                continue
-            if latest is None or written > latest[0]:
-                latest = (written, path, previous)
-    if latest is None:
-        return None
-    log.warning(f"the earlier sittings' run record is taken from {latest[1]}")
-    return latest[2]
+    folders = [record_path.parent, *([] if earlier_record is None else [earlier_record.parent])]
+    kept = []  # the records of this run that another run set aside
+    for folder, kind in itertools.product(folders, SET_ASIDE):
+        for path in folder.glob(f"{record_path.name}.{kind}*"):
+            with contextlib.suppress(OSError, ValueError):
+                if run_of(previous := read_record(path)) == run:
+                    kept.append((path.stat().st_mtime, path, previous))
+    if kept:
+        _, path, previous = max(kept, key=lambda found: found[0])
+        log.warning(f"the earlier sittings' run record is taken from {path}")
+        return previous
+    log.warning(
+        f"resume: no run record of the earlier sittings in "
+        f"{' or '.join(str(folder) for folder in folders)}, so this sitting's record starts "
+        f"without them (copy {record_path.name} into {record_path.parent} to keep them)"
+    )
+    return None
 
 
 def _record_of_weights(
     record_path: Path, weights: Path, log: logging.Logger
 ) -> dict[str, Any] | None:
     """This ``--log-dir``'s record up to the sitting that left `weights` (others' aside)."""
-    own = record_path
-    previous = _earlier_record(own, record_path, log)
+    previous = _earlier_record(record_path, record_path, log)
     if previous is None:
         return None
     lineage = up_to_weights(previous, file_sha256(weights))
     if lineage is None:
-        where = set_aside(own, ".another_run")
+        where = set_aside(record_path, ".another_run")
         log.warning(
-            f"{own} is the record of other weights (no sitting in it left {weights}), so "
-            f"this run's record starts afresh; {where}"
+            f"{record_path} is the record of other weights (no sitting in it left {weights}), "
+            f"so this run's record starts afresh; {where}"
         )
         return None
     later = len(counted_sittings(previous)) - len(counted_sittings(lineage))
     if later:
-        where = set_aside(own, ".whole")
+        where = set_aside(record_path, ".whole")
         log.warning(
-            f"{own}: {weights} is of its sitting {len(counted_sittings(lineage))}, so this "
-            f"run's record goes on from there without the {later} later sitting(s) (their "
+            f"{record_path}: {weights} is of its sitting {len(counted_sittings(lineage))}, so "
+            f"this run's record goes on from there without the {later} later sitting(s) (their "
             f"training is not in those weights); {where}"
         )
     return lineage
@@ -629,22 +611,12 @@ def _record_of_weights(
 def _earlier_record(path: Path, record_path: Path, log: logging.Logger) -> dict[str, Any] | None:
     """The sittings so far, or None if unfit (said; this run's own file is kept aside)."""
     try:
-        previous = json.loads(path.read_text())
+        return read_record(path)
     except (OSError, ValueError) as err:
         reason = str(err)
-    else:
-        if (
-            isinstance(previous, dict)
-            and isinstance(previous.get("previous_runs") or [], list)
-            and isinstance(previous.get("config") or {}, dict)
-        ):
-            return previous
-        reason = "not a run record"
-    where = (
-        set_aside(path, ".unreadable")
-        if path == record_path
-        else "the file is left as it is"  # another folder's
-    )
+    where = "the file is left as it is"  # another folder's
+    if path == record_path:
+        where = set_aside(path, ".unreadable")
     log.warning(
         f"run record {path} cannot be read ({reason}); this sitting's record starts without "
         f"the earlier sittings ({where})"
@@ -667,7 +639,7 @@ def set_aside(path: Path, suffix: str) -> str:
 
 
 def training_record(
-    log_dir: str, model_path: Path, digest: str | None, log: logging.Logger | None = None
+    log_dir: str, model_path: Path, digest: str | None, log: logging.Logger = _LOG
 ) -> dict | None:
     """How the model of SHA-256 `digest` was trained, from its run's record (bad: None, warned)."""
     path = Path(log_dir) / f"{model_path.stem}_run.json"
@@ -675,41 +647,30 @@ def training_record(
         if not path.exists() and model_path.stem.endswith(suffix):
             path = Path(log_dir) / f"{model_path.stem.removesuffix(suffix)}_run.json"
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: not JSON, not text
-        return None
-    try:
-        if not isinstance(record, dict):
-            raise TypeError("not a JSON object")
-        record = up_to_weights(record, digest)
+        record = up_to_weights(read_record(path), digest)
         if record is None:
-            if log is not None:
-                log.warning(
-                    f"{path} is the record of other weights (no sitting of its run left a file "
-                    f"with {model_path.name}'s SHA-256); the summary's training entry is left "
-                    "empty"
-                )
+            log.warning(
+                f"{path} is the record of other weights (no sitting of its run left a file with "
+                f"{model_path.name}'s SHA-256); the summary's training entry is left empty"
+            )
             return None
-        totals = run_totals(record)
-        sittings = counted_sittings(record)
-        commands = [s.get("command") for s in sittings]
+        commands = [s.get("command") for s in counted_sittings(record)]
         if not all(command is None or isinstance(command, str) for command in commands):
             raise TypeError("a command that is not text")
         for key, kind in (("hardware", str), ("protocol", dict)):
             if record.get(key) is not None and not isinstance(record[key], kind):
                 raise TypeError(f"its {key} is not a {kind.__name__}")
+        totals = run_totals(record)
+    except (OSError, UnicodeError, json.JSONDecodeError):  # none, or not JSON: nothing to say
+        return None
     except (TypeError, KeyError, ValueError, AttributeError) as err:
-        if log is not None:
-            log.warning(
-                f"{path} is not a run record this version reads ({err}); the summary's "
-                "training entry is left empty"
-            )
+        log.warning(
+            f"{path} is not a run record this version reads ({err}); the summary's training "
+            "entry is left empty"
+        )
         return None
     return {
-        "frames": totals["frames"],
-        "seconds": totals["seconds"],
-        "sittings": totals["sittings"],
-        "restarts": totals["restarts"],
+        **totals,  # frames, seconds, sittings, restarts
         "hardware": record.get("hardware"),
         "command": next((command for command in commands if command), None),
         "commands": commands,

@@ -256,9 +256,9 @@ def test_an_evaluation_credits_a_model_only_with_the_training_in_its_weights(tmp
     logs = tmp_path / "logs"
     logs.mkdir()
 
-    def credited(name: str, record: dict, log=None) -> dict | None:
+    def credited(name: str, record: dict, *log: logging.Logger) -> dict | None:
         (logs / f"{Path(name).stem}_run.json").write_text(json.dumps(record))
-        return training_record(str(logs), files[name], digest[name], log)
+        return training_record(str(logs), files[name], digest[name], *log)
 
     assert credited("late.dat", record)["frames"] == 300  # the whole run's
     early = credited("early.dat", record)  # the sitting that wrote it, not a later one
@@ -596,6 +596,9 @@ def test_a_resume_from_another_working_directory_finds_the_earlier_sittings(
     )
     # The run folder moved whole, resumed with the same relative flags: quiet, record kept.
     (tmp_path / "l2" / f"{PONG}_run.json").rename(tmp_path / "l" / f"{PONG}_run.json")
+    from checkpoint import release_run_locks
+
+    release_run_locks()  # as the earlier sittings' processes did at their exit
     monkeypatch.chdir(tmp_path.parent)
     moved = tmp_path.parent / f"{tmp_path.name}_moved"
     tmp_path.rename(moved)
