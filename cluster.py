@@ -533,7 +533,7 @@ class NodeLauncher:
         if self.statistics is not None and not last:  # the last: no step follows
             remote = self.server.exchange_statistics.remote
             self.statistics.exchange(
-                lambda *pushed: self.ray.get(remote(self.node, *pushed, self.generation))
+                lambda *sent: self.ray.get(remote(self.node, *sent, self.generation))
             )
         self.round_trip_ms = 1e3 * (time.monotonic() - started)
 
