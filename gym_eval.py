@@ -124,9 +124,6 @@ class DemoFrames:
     """One whole game's screens in at most `cap` frames, at an even pace (see `add`)."""
 
     def __init__(self, steps_per_second: float, cap: int = DEMO_MAX_FRAMES):
-        """An empty demo of at most `cap` frames (at least 2), one an agent step at first."""
-        if cap < 2:
-            raise ValueError(f"expected cap >= 2, got {cap}")
         self.steps_per_second = steps_per_second
         self.cap = cap
         self.frames: list[np.ndarray] = []
@@ -178,8 +175,8 @@ def demo_paths(folder: Path, stem: str) -> tuple[Path, Path]:
     return folder / f"{stem}.gif", folder / f"{stem}.mp4"
 
 
-def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -> None:
-    """`demo_paths`: a GIF and an MP4 of one game."""
+def write_demo(demo: DemoFrames, folder: Path, stem: str) -> str:
+    """Write `demo_paths`, a GIF and an MP4 of one game; the line that says so."""
     gif_path, video_path = demo_paths(folder, stem)
     gif = write_gif(demo.frames, gif_path, fps=demo.fps)
     video = VideoRecorder(video_path, fps=demo.fps)
@@ -190,11 +187,8 @@ def write_demo(demo: DemoFrames, folder: Path, stem: str, log: logging.Logger) -
     finally:
         video.discard()  # stopped or failed part-way: no partial file left in the demo folder
     nth = {1: "", 2: "2nd "}.get(demo.stride, f"{demo.stride}th ")  # the stride doubles: 2, 4, 8
-    every = f"every {nth}screen"
-    log.info(
-        f"demo: {gif} and {video.path} ({len(demo.frames)} frames: {every} of "
-        f"{demo.seen} agent steps)"
-    )
+    every = f"every {nth}screen of {demo.seen} agent steps"
+    return f"demo: {gif} and {video.path} ({len(demo.frames)} frames: {every})"
 
 
 def recorded_render_mode(args: EvalConfig) -> str | None:
@@ -239,12 +233,15 @@ def play_games(
     games: range,
     first_seed: int,
     report: Callable[[int, GameResult], None],
-    log: logging.Logger,
+    say: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     wrap_env: Callable[[gym.Env], gym.Env] | None = None,
     watch_model: Callable[[ActorCriticLSTM], None] | None = None,
 ) -> None:
-    """Play `games` (game numbers, 1 = the first of the evaluation) one after another here."""
+    """Play `games` (game numbers, 1 = the first of the evaluation) one after another here.
+
+    `report` gets each game's result, `say` a line for the log (a demo's file names).
+    """
     stem = env_file_stem(args.env)
     spec = EnvSpec.of(args)
     device = worker_device(args.gpu_id)
@@ -301,7 +298,7 @@ def play_games(
             if result.ending == STOPPED:
                 return
             if demo is not None and demo.frames:
-                write_demo(demo, Path(args.demo_dir), stem, log)
+                say(write_demo(demo, Path(args.demo_dir), stem))
             report(game, result)
     finally:
         env.close()
@@ -317,17 +314,6 @@ def process_seed(seed: int, process: int) -> int:
     return int(np.random.SeedSequence([seed, process]).generate_state(1)[0])
 
 
-class _QueueLog(logging.Handler):
-    """Hands a process's log lines (a demo's file names) to the evaluation, which logs them."""
-
-    def __init__(self, results: Any):
-        super().__init__(logging.INFO)
-        self.results = results
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.results.put(("log", record.getMessage()))
-
-
 def _play_share(
     args: EvalConfig, model_path: Path, games: range, first_seed: int, results: Any, parent: int
 ) -> None:
@@ -339,23 +325,18 @@ def _play_share(
         raise SystemExit(128 + signal.SIGTERM)  # a shell's code for a SIGTERM
 
     signal.signal(signal.SIGTERM, stop)  # back to the default once its games are done
-    log = logging.getLogger(f"a3g.eval.process{os.getpid()}")
-    log.propagate = False
-    log.setLevel(logging.INFO)
-    log.addHandler(_QueueLog(results))
     try:
         register_games()
         play_games(
             args, model_path, games, first_seed,
             lambda game, result: results.put(("game", game, result)),
-            log, should_stop=lambda: os.getppid() != parent,
+            lambda line: results.put(("log", line)), should_stop=lambda: os.getppid() != parent,
         )  # fmt: skip
-    except UsageError as err:
-        results.put(("error", "usage", str(err)))
-    except gym.error.DependencyNotInstalled as err:
-        results.put(("error", "dependency", str(err)))
+    except (UsageError, gym.error.DependencyNotInstalled) as err:
+        results.put(("error", err))  # raised again in the evaluation, as if it were its own
     except Exception:  # the evaluation must hear of it, not wait for games never played
-        results.put(("error", "other", traceback.format_exc()))
+        details = traceback.format_exc()
+        results.put(("error", EvaluationProcessError("an evaluation process failed", details)))
     finally:  # nothing left to discard: a SIGTERM now just ends it (no exit-time traceback)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -417,12 +398,7 @@ def play_in_processes(
             if message[0] == "log":
                 log.info(message[1])
             elif message[0] == "error":
-                _, kind, text = message
-                if kind == "usage":
-                    raise UsageError(text)
-                if kind == "dependency":
-                    raise gym.error.DependencyNotInstalled(text)
-                raise EvaluationProcessError("an evaluation process failed", details=text)
+                raise message[1]
             else:
                 _, game, result = message
                 owed[(game - 1) % processes] -= 1
@@ -513,7 +489,7 @@ def evaluate(args: EvalConfig) -> dict:
                 play_in_processes(args, model_path, report, log)
             else:
                 games = range(1, args.num_episodes + 1)
-                play_games(args, model_path, games, args.seed, report, log)
+                play_games(args, model_path, games, args.seed, report, log.info)
     except KeyboardInterrupt:
         if not by_game:
             log.warning("interrupted before any game ended: no summary saved")
@@ -597,16 +573,13 @@ def replaced_summary(json_path: Path, summary: dict) -> str | None:
     before = earlier.get("protocol")
     if not isinstance(before, dict):
         return f"{json_path} held an evaluation of this model that names no protocol{keep}"
-    now = summary["protocol"]
+    dealt = ("games", "seed", "processes")  # which games each process played
+    then = {**before, **{key: earlier.get(key) for key in dealt}}
+    now = {**summary["protocol"], **{key: summary[key] for key in dealt}}
     changes = [
-        f"{key} {before.get(key)} there, {now.get(key)} here"
-        for key in [*now, *(key for key in before if key not in now)]
-        if before.get(key) != now.get(key)
-    ]
-    changes += [
-        f"{key} {earlier.get(key)} there, {summary[key]} here"
-        for key in ("games", "seed", "processes")
-        if earlier.get(key) != summary[key]
+        f"{key} {then.get(key)} there, {now.get(key)} here"
+        for key in [*now, *(key for key in then if key not in now)]
+        if then.get(key) != now.get(key)
     ]
     if not changes:
         return None
@@ -621,10 +594,9 @@ def main(argv: list[str] | None = None) -> int:
         check_gpus([args.gpu_id], "--gpu-id")
         if evaluate(args)["interrupted"]:
             return INTERRUPTED_EXIT
-    except NoGameEnded:  # the log said so, on the terminal too
-        return INTERRUPTED_EXIT
-    except KeyboardInterrupt:  # before the games began (the log may not exist yet)
-        print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        if not isinstance(err, NoGameEnded):  # before the games began: the log may not exist
+            print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
     except UsageError as err:
         say_error("gym_eval.py", err)

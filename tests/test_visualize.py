@@ -472,8 +472,6 @@ def test_gym_eval_writes_a_demo_gif_and_mp4(tmp_path):
 
 
 def test_gym_eval_renders_only_the_games_it_keeps_screens_of(tmp_path):
-    import logging
-
     import gymnasium as gym
     import torch
 
@@ -498,8 +496,10 @@ def test_gym_eval_renders_only_the_games_it_keeps_screens_of(tmp_path):
         renders.append(0)
 
     renders.append(0)
-    play_games(args, model, range(1, 4), 1, report, logging.getLogger("t"), wrap_env=CountRenders)
+    said: list[str] = []
+    play_games(args, model, range(1, 4), 1, report, said.append, wrap_env=CountRenders)
     assert renders[0] > 0 and renders[1:] == [0, 0, 0]  # the demo's game; none after it
+    assert len(said) == 1 and said[0].startswith(f"demo: {tmp_path / 'demo'}")
 
 
 def test_results_table_from_eval_summaries(tmp_path):
