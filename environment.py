@@ -1,7 +1,7 @@
 """Environments: config.json, the original A3G Atari wrapper stack on gymnasium 1.x, vector envs.
 
-Every process that builds an env calls `make_env` (or `atari_env`), which registers the ALE
-games first: spawned processes start with an empty gymnasium registry.
+Every process builds its envs from one `EnvSpec` with `make_env`, which registers the ALE games
+first: spawned processes start with an empty gymnasium registry.
 """
 
 from __future__ import annotations
@@ -43,9 +43,7 @@ def skip_bounds(skip: FrameSkip) -> tuple[int, int]:
 
 def skip_from_flags(skip_rate: int, skip_rate_min: int | None) -> FrameSkip:
     """The skip ``--skip-rate`` and ``--skip-rate-min`` give: fixed, or ``(min, skip_rate)``."""
-    if skip_rate_min is None or skip_rate_min == skip_rate:
-        return skip_rate
-    return (skip_rate_min, skip_rate)
+    return skip_rate if skip_rate_min in (None, skip_rate) else (skip_rate_min, skip_rate)
 
 
 def skip_text(skip: FrameSkip) -> str:
@@ -462,10 +460,9 @@ class NormalizedEnv(gym.ObservationWrapper):
     def observation(self, observation: np.ndarray) -> np.ndarray:
         """Update the running statistics with this frame and return it standardised."""
         self.num_steps += 1
-        self.state_mean = self.state_mean * self.alpha + float(observation.mean()) * (
-            1 - self.alpha
-        )
-        self.state_std = self.state_std * self.alpha + float(observation.std()) * (1 - self.alpha)
+        alpha = self.alpha
+        self.state_mean = self.state_mean * alpha + float(observation.mean()) * (1 - alpha)
+        self.state_std = self.state_std * alpha + float(observation.std()) * (1 - alpha)
         correction = 1 - self.alpha**self.num_steps
         mean = self.state_mean / correction
         std = self.state_std / correction
@@ -599,10 +596,8 @@ def vector_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
 
 def was_real_done(env: gym.Env) -> bool:
     """Whether the last episode end was a real game over (always true outside Atari)."""
-    try:
-        return bool(env.get_wrapper_attr("was_real_done"))
-    except AttributeError:
-        return True
+    life = find_wrapper(env, EpisodicLifeEnv)
+    return life is None or bool(life.was_real_done)
 
 
 def find_wrapper(env: gym.Env, kind: type[gym.Wrapper]) -> Any:
@@ -641,10 +636,9 @@ def load_normalizer_state(env: gym.Env, state: dict[str, Any] | None) -> bool:
         return False
     if state.get("kind") == "frames":
         norm = find_wrapper(env, NormalizedEnv)
-        if norm is None:
-            return False
-        norm.load_state_dict(state)
-        return True
+        if norm is not None:
+            norm.load_state_dict(state)
+        return norm is not None
     vector = find_wrapper(env, gym.wrappers.NormalizeObservation)
     if vector is None or len(state["mean"]) != np.size(vector.obs_rms.mean):
         return False

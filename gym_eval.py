@@ -453,7 +453,6 @@ def evaluate(args: EvalConfig) -> dict:
         args.env, args.frame_skip, args.max_episode_length, args.repeat_action_probability,
         args.stall_steps,
     )  # fmt: skip
-    sticky = played.get("repeat_action_probability")
     if (short := short_episode_warning(played)) is not None:
         log.warning(short)
     processes = min(args.processes, args.num_episodes)
@@ -462,7 +461,7 @@ def evaluate(args: EvalConfig) -> dict:
             f"--processes {args.processes} is more than this machine's {os.cpu_count()} cores: "
             "the games share them and the evaluation is no faster"
         )
-    skip = played.get("frame_skip")
+    sticky, skip = played.get("repeat_action_probability"), played.get("frame_skip")
     conditions = [f"sticky actions {sticky:g}"] if sticky is not None else []
     if isinstance(skip, list):  # a random skip, ours or the -v0 ids'
         conditions.append(f"frame skip {skip_text(tuple(skip))}")
@@ -598,15 +597,13 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(err, NoGameEnded):  # before the games began: the log may not exist
             print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
         return INTERRUPTED_EXIT
-    except UsageError as err:
+    except (UsageError, gym.error.DependencyNotInstalled) as err:
+        if not isinstance(err, UsageError):  # drawing the game needs a package not installed
+            err = UsageError(
+                f"drawing {args.env} needs a package that is not installed ({err}); install it, "
+                "or drop --demo/--new-gym-eval/--render"
+            )
         say_error("gym_eval.py", err)
-        return 2
-    except gym.error.DependencyNotInstalled as err:
-        print(
-            f"gym_eval.py: error: drawing {args.env} needs a package that is not installed "
-            f"({err}); install it, or drop --demo/--new-gym-eval/--render",
-            file=sys.stderr,
-        )
         return 2
     except EvaluationProcessError as err:  # a game process died or failed: no summary
         print(f"{err.details}gym_eval.py: error: {err}; no summary saved", file=sys.stderr)
