@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # gym_eval.py's games: its seeds, wrappers, model set-up and player
         play_games(
             args, model, range(1, args.num_episodes + 1), args.seed, report,
-            logging.getLogger("a3g.points_lost"), wrap_env=watch,
+            logging.getLogger("a3g.points_lost").info, wrap_env=watch,
         )  # fmt: skip
     except UsageError as error:
         say_error("points_lost.py", error)

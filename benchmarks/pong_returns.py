@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # gym_eval.py's games: its seeds, wrappers, model set-up and player
         play_games(
             ale_off, model, range(1, args.num_episodes + 1), args.seed, report,
-            logging.getLogger("a3g.pong_returns"), wrap_env=recorder.attach,
+            logging.getLogger("a3g.pong_returns").info, wrap_env=recorder.attach,
             watch_model=policy.attach,
         )  # fmt: skip
     except UsageError as error:
