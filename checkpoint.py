@@ -144,25 +144,22 @@ def write_json_atomic(obj: Any, path: str | Path) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
-# How every file torch.save writes begins: a zip archive, or a legacy pickle (protocol 2+).
-_TORCH_FILE_STARTS = (b"PK", b"\x80")
-
-
 def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
     """``torch.load`` with ``weights_only=True``, its failures turned into UsageErrors.
 
     `fix` ends the message of a file that is empty or cut short.
     """
+    name = f"{what} {str(path)!r}"
     try:
         with path.open("rb") as file:
             start = file.read(2)
     except OSError as err:
-        raise UsageError(f"{what} {str(path)!r} cannot be read: {err.strerror}") from None
+        raise UsageError(f"{name} cannot be read: {err.strerror}") from None
     if not start:
-        raise UsageError(f"{what} {str(path)!r} is empty; {fix}")
-    if not start.startswith(_TORCH_FILE_STARTS):
+        raise UsageError(f"{name} is empty; {fix}")
+    if not start.startswith((b"PK", b"\x80")):  # torch.save's zip, or a legacy pickle
         raise UsageError(
-            f"{what} {str(path)!r} is not a PyTorch file (it begins {start!r}); use a .dat "
+            f"{name} is not a PyTorch file (it begins {start!r}); use a .dat "
             "or training state A3G wrote"
         )
     try:
@@ -171,7 +168,7 @@ def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UsageError(
-            f"{what} {str(path)!r} holds pickled objects, not just tensors; refusing to "
+            f"{name} holds pickled objects, not just tensors; refusing to "
             "load it (it could run code): use a file A3G wrote"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, IndexError, struct.error) as err:
@@ -180,9 +177,7 @@ def _torch_load(path: Path, what: str, fix: str = "use an intact file") -> Any:
         if isinstance(err, IndexError | struct.error | EOFError) or not lines:
             lines = ["it ends early"]
         reason = lines[0].split(". ")[0].rstrip(".")
-        raise UsageError(
-            f"{what} {str(path)!r} is truncated or not a PyTorch file ({reason}); {fix}"
-        ) from None
+        raise UsageError(f"{name} is truncated or not a PyTorch file ({reason}); {fix}") from None
 
 
 def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str, torch.Tensor]:
@@ -201,18 +196,16 @@ def check_state_dict(model: nn.Module, state: Any, path: str | Path) -> dict[str
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        if "conv1.weight" in state and "conv1.weight" not in own:
-            fix = (
-                "it holds an Atari agent (frames) and this env gives vectors: pass the --env it "
-                "was trained on"
-            )
-        elif "fc1.weight" in state and "fc1.weight" not in own:
-            fix = (
-                "it holds a vector-observation agent (CartPole-like) and this env gives "
-                "frames: pass the --env it was trained on"
-            )
-        else:
-            fix = "use a .dat A3G (or the original A3G) wrote for this env"
+        agents = {  # by the first layer: frames or vectors
+            "conv1.weight": "an Atari agent (frames) and this env gives vectors",
+            "fc1.weight": "a vector-observation agent (CartPole-like) and this env gives frames",
+        }
+        held = [agent for key, agent in agents.items() if key in state and key not in own]
+        fix = (
+            f"it holds {held[0]}: pass the --env it was trained on"
+            if held
+            else "use a .dat A3G (or the original A3G) wrote for this env"
+        )
         raise UsageError(
             f"checkpoint {str(path)!r} is for another network (missing {missing[:4]}, "
             f"unexpected {unexpected[:4]}); {fix}"
@@ -295,10 +288,7 @@ def _stored_weights(path: Path) -> Any:
 
 
 def untrained(loaded: bool, steps: int) -> bool:
-    """Whether a run's weights are the random ones it began with.
-
-    Such weights are never saved over a ``<env>.dat`` nor as a training state.
-    """
+    """Whether a run's weights are the random ones it began with, which are never saved."""
     return not loaded and steps == 0
 
 
@@ -470,28 +460,23 @@ def hold_run_lock(folder: str | Path, env_id: str, flag: str) -> None:
         UsageError: another live process holds the mark; names its process id and the fix.
     """
     path = checkpoint_path(folder, env_id, RUN_LOCK_SUFFIX).resolve()
-    while path not in _held_run_locks:  # until the file locked is the one at `path`
-        fd = _open_lock_file(path)
-        if fd is None:  # no folder yet, or not writable: check_writable's to say
+    fd = None if path in _held_run_locks else _open_lock_file(path)
+    if fd is None:  # held already, or no folder yet or not writable: check_writable says so
+        return
+    try:
+        if _lock(fd, fcntl.LOCK_EX, folder, env_id, flag):
+            with contextlib.suppress(OSError):  # another user's file, opened to read
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
+            _held_run_locks[path] = fd
             return
-        try:
-            if not _lock(fd, fcntl.LOCK_EX, folder, env_id, flag):  # a file system without locks
-                with contextlib.suppress(OSError):
-                    if os.fstat(fd).st_size == 0:  # made here: leave nothing
-                        path.unlink()
-                os.close(fd)
-                return
-            with contextlib.suppress(FileNotFoundError):  # removed by its run before the lock
-                if os.path.samestat(os.stat(path), os.fstat(fd)):
-                    with contextlib.suppress(OSError):  # another user's file, opened to read
-                        os.ftruncate(fd, 0)
-                        os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
-                    _held_run_locks[path] = fd
-                    return
-            os.close(fd)
-        except BaseException:  # the refusal, or a Ctrl-C: no file left open
-            os.close(fd)
-            raise
+        with contextlib.suppress(OSError):  # a file system without locks: leave nothing made
+            if os.fstat(fd).st_size == 0:
+                path.unlink()
+    except BaseException:  # the refusal, or a Ctrl-C: no file left open
+        os.close(fd)
+        raise
+    os.close(fd)
 
 
 def refuse_another_run(folder: str | Path, env_id: str, flag: str) -> None:
@@ -522,11 +507,7 @@ def _open_lock_file(path: Path) -> int | None:
 
 
 def _lock(fd: int, operation: int, folder: str | Path, env_id: str, flag: str) -> bool:
-    """Lock `fd` without waiting; False on a file system without locks.
-
-    Raises:
-        UsageError: another live process holds the lock; names it (the file's text) and the fix.
-    """
+    """Lock `fd` without waiting; False where the file system has no locks (UsageError if held)."""
     try:
         fcntl.flock(fd, operation | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -2,7 +2,7 @@
 
 `plan` decides and writes nothing (refusals, warnings, the state to resume, the TensorBoard
 folder); `load` fills the built model; `apply` makes the folders and takes their locks. The run
-record's chain of sittings lives here too (`chained_record`, `run_totals`, `training_record`).
+record's chain of sittings lives here too (`start_record`, `run_totals`, `training_record`).
 """
 
 from __future__ import annotations
@@ -93,8 +93,7 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
         )
     state = None
     if config.load and paths.load_state.is_file():
-        statistics = config.shared_optimizer and not cluster
-        state = read_state(paths.load_state, config, statistics)
+        state = read_state(paths.load_state, config, config.shared_optimizer and not cluster)
     loads_own_model = paths.model.exists() and same_file(paths.model, paths.load_model)
     if state is not None and not loads_own_model:
         # the state's score of <env>.dat was of the file it loaded, not of this folder's
@@ -113,11 +112,10 @@ def plan(config: TrainConfig, cluster: bool = False) -> RunPlan:
             "its test games (they stay in that folder's log)"
         )
     # A resume's TensorBoard folder, by name here: the saved path may be relative to another cwd.
-    tensorboard_dir = str(
-        paths.runs / Path(state.tensorboard_dir).name
-        if state is not None and state.tensorboard_dir
-        else paths.runs / new_run_name(env_file_stem(config.env), paths)
-    )
+    if state is not None and state.tensorboard_dir:
+        tensorboard_dir = str(paths.runs / Path(state.tensorboard_dir).name)
+    else:
+        tensorboard_dir = str(paths.runs / new_run_name(env_file_stem(config.env), paths))
     # The LSTM width: --hidden-size, else that of what --load reads, else the original's.
     width = config.hidden_size
     if width is None and state is not None:
@@ -159,15 +157,14 @@ def read_state(path: Path, config: TrainConfig, statistics: bool) -> TrainingSta
             f"{config.max_steps}: give a larger --max-steps"
             f"{'' if config.lr_schedule == 'linear' else ' (or 0, no limit)'} to train on"
         )
-    compared = (("--optimizer", "optimizer"), ("--amsgrad", "amsgrad"))
-    if saved.get("optimizer") != "Adam":  # --amsgrad is Adam's: RMSprop's states ignored it
-        compared = compared[:1]
+    # --amsgrad is Adam's: RMSprop's states ignored it.
+    keys = ("optimizer", "amsgrad") if saved.get("optimizer") == "Adam" else ("optimizer",)
     restored = statistics and state.optimizer is not None  # else they start afresh
-    for flag, key in compared:
+    for key in keys:
         if restored and key in saved and saved[key] != getattr(config, key):
             raise UsageError(
-                f"training state {where!r} was saved with {flag} {saved[key]}, this run has "
-                f"{getattr(config, key)}: resume with the same {flag}"
+                f"training state {where!r} was saved with --{key} {saved[key]}, this run has "
+                f"{getattr(config, key)}: resume with the same --{key}"
             )
     return state
 
@@ -229,11 +226,8 @@ def load(
         return
     paths, state = run.paths, run.state
     if state is None:
-        load_weights(
-            model,
-            paths.load_model,
-            hint=f"or its {paths.load_state.name}, which --load resumes from",
-        )
+        hint = f"or its {paths.load_state.name}, which --load resumes from"
+        load_weights(model, paths.load_model, hint)
         log.info(
             f"loaded the weights alone from {paths.load_model} (no training state "
             f"{paths.load_state}: optimizer statistics, step counts and normalisers start afresh)"
@@ -241,7 +235,7 @@ def load(
         return
     where = str(paths.load_state)
     model.load_state_dict(check_state_dict(model, state.model, where))
-    said: set[str] = set()  # settings the optimizer's resume logs itself
+    changed: dict[str, Any] = {}  # settings the optimizer's resume logs itself
     if optimizer is not None and state.optimizer is not None:
         try:
             changed = optimizer.load_statistics(state.optimizer)
@@ -250,7 +244,6 @@ def load(
                 f"training state {where!r}: optimizer statistics do not fit --optimizer "
                 f"{config.optimizer} ({err}); pass the optimizer it was saved with"
             ) from None
-        said = set(changed)
         for key, (saved_value, value) in changed.items():
             log.info(
                 f"resume: optimizer {key} was {saved_value} in the training state; "
@@ -276,7 +269,7 @@ def load(
         f"resumed from {where}: step {state.steps:,}, {format_elapsed(state.elapsed)} trained, "
         f"{len(state.test_rewards)} test games; {statistics}"
     )
-    log_changed_settings(state.config, config, state.steps, log, said)
+    log_changed_settings(state.config, config, state.steps, log, changed)
 
 
 def apply(run: RunPlan, log: logging.Logger) -> None:
@@ -366,12 +359,7 @@ _LOG = logging.getLogger("a3g.run_folder")
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """The run record at `path`.
-
-    Raises:
-        OSError: it cannot be read.
-        ValueError: it is not JSON, or not the shape of a run record.
-    """
+    """The run record at `path`; OSError where it cannot be read, ValueError where it is not one."""
     record = json.loads(path.read_text())
     if not (
         isinstance(record, dict)
@@ -423,9 +411,7 @@ def up_to_weights(record: dict[str, Any], digest: str | None) -> dict[str, Any] 
         if names:
             sitting = {key: value for key, value in sittings[i].items() if key != "counted_to"}
             training_in = sitting["finished"].get("training_in")
-            taken = [
-                training_in.get(name) if isinstance(training_in, dict) else None for name in names
-            ]
+            taken = [training_in.get(n) for n in names] if isinstance(training_in, dict) else [None]
             if all(isinstance(at, dict) for at in taken):  # a --save-max <env>.dat
                 sitting["counted_to"] = taken[0]
             return {**sitting, "previous_runs": sittings[:i]}
@@ -582,26 +568,24 @@ def _this_runs_record(
     return None
 
 
-def _record_of_weights(
-    record_path: Path, weights: Path, log: logging.Logger
-) -> dict[str, Any] | None:
+def _record_of_weights(own: Path, weights: Path, log: logging.Logger) -> dict[str, Any] | None:
     """This ``--log-dir``'s record up to the sitting that left `weights` (others' aside)."""
-    previous = _earlier_record(record_path, record_path, log)
+    previous = _earlier_record(own, own, log)
     if previous is None:
         return None
     lineage = up_to_weights(previous, file_sha256(weights))
     if lineage is None:
-        where = set_aside(record_path, ".another_run")
+        where = set_aside(own, ".another_run")
         log.warning(
-            f"{record_path} is the record of other weights (no sitting in it left {weights}), "
+            f"{own} is the record of other weights (no sitting in it left {weights}), "
             f"so this run's record starts afresh; {where}"
         )
         return None
     later = len(counted_sittings(previous)) - len(counted_sittings(lineage))
     if later:
-        where = set_aside(record_path, ".whole")
+        where = set_aside(own, ".whole")
         log.warning(
-            f"{record_path}: {weights} is of its sitting {len(counted_sittings(lineage))}, so "
+            f"{own}: {weights} is of its sitting {len(counted_sittings(lineage))}, so "
             f"this run's record goes on from there without the {later} later sitting(s) (their "
             f"training is not in those weights); {where}"
         )
@@ -614,9 +598,7 @@ def _earlier_record(path: Path, record_path: Path, log: logging.Logger) -> dict[
         return read_record(path)
     except (OSError, ValueError) as err:
         reason = str(err)
-    where = "the file is left as it is"  # another folder's
-    if path == record_path:
-        where = set_aside(path, ".unreadable")
+    where = set_aside(path, ".unreadable") if path == record_path else "the file is left as it is"
     log.warning(
         f"run record {path} cannot be read ({reason}); this sitting's record starts without "
         f"the earlier sittings ({where})"
@@ -626,11 +608,10 @@ def _earlier_record(path: Path, record_path: Path, log: logging.Logger) -> dict[
 
 def set_aside(path: Path, suffix: str) -> str:
     """Rename `path` to a free name, to keep it from being written over; say where it went."""
-    kept = path.with_name(path.name + suffix)
-    for n in itertools.count(1):
-        if not kept.exists():
-            break
-        kept = path.with_name(f"{path.name}{suffix}.{n}")  # one kept before: keep both
+    kept, n = path.with_name(path.name + suffix), 0
+    while kept.exists():  # one kept before: keep both
+        n += 1
+        kept = path.with_name(f"{path.name}{suffix}.{n}")
     try:
         os.replace(path, kept)
     except OSError as err:
