@@ -531,11 +531,6 @@ def atari_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     """
     env_id, length, skip = spec.env_id, spec.max_episode_length, spec.skip_rate
     registered = lookup_spec(env_id).kwargs
-    if registered.get("obs_type", "rgb") != "rgb":
-        raise UsageError(
-            f"{env_id!r} gives {registered['obs_type']} observations; A3G needs RGB screens: "
-            "register the game with obs_type='rgb' or use an id like PongNoFrameskip-v4"
-        )
     low, high = skip_bounds(skip)
     we_skip = registered.get("frameskip", 1) == 1
     # Raised past ALE's own cap, which would otherwise end episodes before ours does.

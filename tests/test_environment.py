@@ -42,11 +42,6 @@ from tests.conftest import ROOT
 from utils import UsageError
 
 register_games()
-gym.register(
-    "TestPongRam-v0",
-    entry_point="ale_py.env:AtariEnv",
-    kwargs={"game": "pong", "obs_type": "ram", "frameskip": 1},
-)
 
 
 class Recorder(gym.Wrapper):
@@ -576,7 +571,6 @@ def test_unknown_id_suggests_close_ids(config):
 @pytest.mark.parametrize(
     ("builder", "env_id", "message"),
     [
-        ("atari", "TestPongRam-v0", "ram observations"),
         ("vector", "Pendulum-v1", "Discrete actions"),
         ("vector", "FrozenLake-v1", "flat vector observations"),
     ],
