@@ -7,8 +7,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from utils import UsageError
-
 MLP_WIDTH = 128
 """Width of the two hidden layers of the vector-observation encoder."""
 HIDDEN_SIZE = 512
@@ -174,30 +172,15 @@ class A3CMlp(ActorCriticLSTM):
 
 
 def build_model(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
+    observation_space: gym.spaces.Box,
+    action_space: gym.spaces.Discrete,
     hidden_size: int = HIDDEN_SIZE,
 ) -> ActorCriticLSTM:
-    """Build the network that fits the environment's spaces, with an LSTM of `hidden_size`.
+    """Build the network for the env's spaces, with an LSTM of `hidden_size`.
 
-    Frames shaped (C, 80, 80) get `A3Clstm`; flat vectors get `A3CMlp`.
-
-    Raises:
-        UsageError: the action space is not discrete, or the observations are neither.
+    `make_env` gives (C, 80, 80) frames, which get `A3Clstm`, or flat vectors, which get
+    `A3CMlp`; it refuses any other env, and actions that are not Discrete.
     """
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise UsageError(
-            f"A3G needs a discrete action space, got {action_space}; choose an env with "
-            "Discrete actions (Atari games, CartPole-v1, Acrobot-v1)"
-        )
-    shape = getattr(observation_space, "shape", None)
-    if not isinstance(observation_space, gym.spaces.Box) or shape is None:
-        raise UsageError(f"unsupported observation space {observation_space}; need a Box")
-    if len(shape) == 3 and shape[1:] == (80, 80):
-        return A3Clstm(shape[0], action_space, hidden_size)
-    if len(shape) == 1:
-        return A3CMlp(shape[0], action_space, hidden_size)
-    raise UsageError(
-        f"unsupported observation shape {shape}; A3G takes (C, 80, 80) frames from its Atari "
-        "wrappers or flat vectors"
-    )
+    shape = observation_space.shape
+    network = A3Clstm if len(shape) == 3 else A3CMlp
+    return network(shape[0], action_space, hidden_size)

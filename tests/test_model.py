@@ -12,7 +12,6 @@ import torch
 from checkpoint import cpu_state_dict
 from fast_path import EncoderTape, act_recorded, encode_recorded, max_unpool, replay_features
 from model import A3Clstm, A3CMlp, build_model, norm_col_init
-from utils import UsageError
 
 ORIGINAL_KEYS = [
     "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
@@ -155,19 +154,6 @@ def test_build_model_picks_the_network_from_the_observation_space():
     assert {"lstm.weight_ih", "actor_linear.weight", "critic_linear.weight"} <= set(
         mlp.state_dict()
     )
-
-
-@pytest.mark.parametrize(
-    ("obs", "act", "message"),
-    [
-        (FRAMES, gym.spaces.Box(-1, 1, (2,)), "discrete action space"),
-        (gym.spaces.Discrete(16), gym.spaces.Discrete(4), "need a Box"),
-        (gym.spaces.Box(0, 255, (210, 160, 3)), gym.spaces.Discrete(4), "observation shape"),
-    ],
-)
-def test_build_model_rejects_spaces_it_cannot_use(obs, act, message):
-    with pytest.raises(UsageError, match=message):
-        build_model(obs, act)
 
 
 # -- the encoder tape (fast path) ----------------------------------------------------------------
