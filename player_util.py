@@ -50,11 +50,6 @@ def sample_actions(
     return actions, taken
 
 
-def training_reward(reward: float, clip: bool, scale: float) -> float:
-    """The reward the loss sees: clipped to [-1, 1] when `clip` (the original's), times `scale`."""
-    return (max(min(reward, 1.0), -1.0) if clip else reward) * scale
-
-
 def forward(
     model: ActorCriticLSTM, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, bf16: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,10 +67,6 @@ def policy_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 # The rollout
-
-
-HOST = torch.device("cpu")
-"""Where a rollout's recorded rewards and per-step flags stay (`Rollout`)."""
 
 
 @dataclass
@@ -106,20 +97,16 @@ class StepRecord:
     once per rollout (`to_device`).
     """
 
-    FIELDS: dict[str, type] = {
-        "actions": np.int64,
-        "rewards": np.float32,
-        "took": np.bool_,
-        "terminated": np.bool_,
-        "truncated": np.bool_,
-    }
+    FIELDS = ("actions", "rewards", "took", "terminated", "truncated")
+    DTYPES = (np.int64, np.float32, np.bool_, np.bool_, np.bool_)
 
     def __init__(self, envs: int, capacity: int = 20):
         """Room for `capacity` steps of `envs` envs; empty."""
         self.envs = envs
         self.length = 0
         self.arrays = {
-            name: np.zeros((capacity, envs), dtype) for name, dtype in self.FIELDS.items()
+            name: np.zeros((capacity, envs), dtype)
+            for name, dtype in zip(self.FIELDS, self.DTYPES, strict=True)
         }
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -152,8 +139,6 @@ class StepRecord:
 
 class ReferencePath:
     """The original's way: every step's forward with autograd; the rollout keeps T graphs."""
-
-    name = "reference"
 
     def __init__(self, bf16: bool = False):
         """Encoder under bfloat16 autocast with `bf16` (``--precision bf16``)."""
@@ -192,8 +177,6 @@ class ReferencePath:
 class FastPath:
     """Act without autograd recording the encoder, then replay the rollout at once (`fast_path`)."""
 
-    name = "fast"
-
     def __init__(self, bf16: bool = False):
         """Encoder under bfloat16 autocast with `bf16`; the tape records in bfloat16 then."""
         self.bf16 = bf16
@@ -226,11 +209,9 @@ class FastPath:
         The recorded features go through the fused LSTM from the rollout's starting state: the
         weights have not changed since acting, so the loss is the reference path's.
         """
-        if self._start is None or not len(self.tape):
-            raise RuntimeError("replaying a rollout needs fast-path steps first")
+        features = replay_features(model, self.tape, self.bf16)
         hx, cx = self._start
         steps, envs = actions.shape
-        features = replay_features(model, self.tape, self.bf16)
         values, logits = sequence_from_features(model, features, hx, cx)
         _, log_probs, entropy = policy_terms(logits)
         log_prob = log_probs.gather(1, actions.reshape(-1, 1))  # step-major, as the tape
@@ -248,7 +229,8 @@ class Agent:
 
     Each env plays its own rollout with its own LSTM state; one batched forward acts for all.
     An env whose episode ended waits, fed a blank frame, never its terminal one: a broken
-    terminal observation cannot make the batch's policy NaN. A rollout is `start_rollout`,
+    terminal observation cannot make the batch's policy NaN. Rewards are clipped to [-1, 1], as
+    in the original, then scaled by `reward_scale`. A rollout is `start_rollout`,
     `play_rollout`, `rollout`.
     """
 
@@ -257,19 +239,15 @@ class Agent:
         model: ActorCriticLSTM,
         envs: Sequence[gym.Env],
         device: torch.device | str = "cpu",
-        clip_rewards: bool = True,
         reward_scale: float = 1.0,
         fast_path: bool = False,
         bf16: bool = False,
         bootstrap_truncated: bool = False,
     ):
         """Create the agent; call `reset` before acting."""
-        if not envs:
-            raise ValueError("an agent needs at least one env")
         self.model = model
         self.envs = list(envs)
         self.device = torch.device(device)
-        self.clip_rewards = clip_rewards
         self.reward_scale = reward_scale
         self.bootstrap_truncated = bootstrap_truncated
         self.path: TrainingPath = FastPath(bf16) if fast_path else ReferencePath(bf16)
@@ -311,8 +289,6 @@ class Agent:
 
     def start_rollout(self) -> None:
         """Begin a rollout: envs whose episode ended start a new one (LSTM state zeroed)."""
-        if not self._obs:
-            raise RuntimeError("reset() the agent before its first rollout")
         hx, cx = self.hx.detach(), self.cx.detach()
         if any(self.done):
             hx, cx = hx.clone(), cx.clone()
@@ -372,9 +348,7 @@ class Agent:
             self.done[k] = bool(terminated or truncated)
             rows["terminated"][k] = bool(terminated)
             rows["truncated"][k] = cut
-            rows["rewards"][k] = training_reward(
-                float(reward), self.clip_rewards, self.reward_scale
-            )
+            rows["rewards"][k] = max(min(float(reward), 1.0), -1.0) * self.reward_scale  # clipped
             if cut and self.bootstrap_truncated:
                 self._cut[k] = (self.hx[k].detach().clone(), self.cx[k].detach().clone())
 
@@ -388,12 +362,9 @@ class Agent:
             values=values,
             log_probs=log_probs,
             entropies=entropies,
-            # The record's per-step flags and rewards stay on the host: the returns' scan runs
-            # there (`train.discounted_targets`) and the loss takes `took` to its device once.
-            rewards=self.record.to_device("rewards", HOST),
-            took=self.record.to_device("took", HOST),
-            terminated=self.record.to_device("terminated", HOST),
-            truncated=self.record.to_device("truncated", HOST),
+            # The rewards and flags stay on the host: the returns' scan runs there
+            # (`train.discounted_targets`) and the loss takes `took` to its device once.
+            **{name: self.record.to_device(name, "cpu") for name in StepRecord.FIELDS[1:]},
             bootstrap=self.bootstrap_value(),
             steps=self.steps,
         )
