@@ -16,13 +16,11 @@ import json
 import os
 import pickle
 import re
-import signal
 import socket
 import struct
 import tempfile
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,7 +28,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from utils import UsageError
+from utils import UsageError, sigterm_interrupts
 
 
 def env_file_stem(env_id: str) -> str:
@@ -57,29 +55,6 @@ def current_umask() -> int:
     return mask
 
 
-@contextlib.contextmanager
-def _sigterm_cleans_up() -> Iterator[None]:
-    """Within: a SIGTERM that would kill this process at once raises SystemExit instead.
-
-    Then an interrupted write removes its temporary file. A process's own handler stays.
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-
-    def exit_now(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, exit_now)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a file through a temporary file and a rename.
 
@@ -89,7 +64,7 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _sigterm_cleans_up():
+    with sigterm_interrupts(exits=True):  # an interrupted write removes its temporary file
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:  # closes fd, whatever happens next

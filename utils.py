@@ -85,13 +85,10 @@ def setup_logger(name: str, log_file: str | Path, level: int = logging.INFO) -> 
         handler.close()
     formatter = logging.Formatter("%(asctime)s : %(message)s")
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-    file_handler = logging.FileHandler(log_file, mode="a")
-    file_handler.setFormatter(formatter)
-    stream_handler = logging.StreamHandler()
-    stream_handler.setFormatter(formatter)
+    for handler in (logging.FileHandler(log_file, mode="a"), logging.StreamHandler()):
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
     logger.setLevel(level)
-    logger.addHandler(file_handler)
-    logger.addHandler(stream_handler)
     logger.propagate = False
     return logger
 
@@ -191,7 +188,6 @@ class ProcessContext:
         The context returned counts in slot 0 and reports nowhere; children get theirs from
         `for_child`.
         """
-        require_at_least("slots", slots)
         return cls(
             stop_flag=mp_context.RawValue("b", 0),
             steps=mp_context.RawArray("q", slots),
@@ -205,8 +201,6 @@ class ProcessContext:
 
     def for_child(self, slot: int, reports: Any) -> ProcessContext:
         """The context a child gets: its counter slot (-1: none) and its end of a report pipe."""
-        if not -1 <= slot < len(self.steps):
-            raise ValueError(f"expected slot in -1..{len(self.steps) - 1}, got {slot}")
         return dataclasses.replace(self, slot=slot, reports=reports)
 
     def report(self, kind: str, payload: dict[str, Any]) -> None:
@@ -220,18 +214,13 @@ class ProcessContext:
         """Agent steps taken by all workers so far (a sum of slots: no lock)."""
         return self.base_steps + sum(self.steps)
 
-    def _own_slot(self) -> int:
-        if self.slot < 0:
-            raise RuntimeError("this process has no counter slot (the test process counts none)")
-        return self.slot
-
     def add_steps(self, n: int) -> None:
         """Count `n` more agent steps in this process's own slot."""
-        self.steps[self._own_slot()] += n
+        self.steps[self.slot] += n
 
     def count_skipped(self) -> None:
         """Count one update skipped for a non-finite loss or gradient."""
-        self.skipped[self._own_slot()] += 1
+        self.skipped[self.slot] += 1
 
     def total_skipped(self) -> int:
         """Updates skipped by all workers so far."""
@@ -245,13 +234,10 @@ class ProcessContext:
         """Ask every process of the run to stop (the launcher's shutdown)."""
         self.stop_flag.value = 1
 
-    def orphaned(self) -> bool:
-        """The launcher is gone (killed without its shutdown): this child must end too."""
-        return os.getpid() != self.parent_pid and os.getppid() != self.parent_pid
-
     def stopping(self) -> bool:
-        """The launcher asked to stop, or it is gone."""
-        return bool(self.stop_flag.value) or self.orphaned()
+        """The launcher asked to stop, or it is gone (killed without its shutdown)."""
+        orphaned = os.getpid() != self.parent_pid and os.getppid() != self.parent_pid
+        return bool(self.stop_flag.value) or orphaned
 
     def should_stop(self) -> bool:
         """`stopping`, or the step budget is spent (what a worker checks)."""
@@ -307,13 +293,10 @@ class ReportChannels:
 
         A `key` reads only that child's pipe. A dead child's pipe is read to its end and closed.
         """
-        if key is None:
-            readers = self.readers
-        else:
-            readers = {key: self.readers[key]} if key in self.readers else {}
+        readers = [(k, r) for k, r in self.readers.items() if key is None or k == key]
+        ready = mp_connection.wait([reader for _, reader in readers], timeout=0)
         received = []
-        ready = mp_connection.wait(list(readers.values()), timeout=0)
-        for child, reader in list(readers.items()):
+        for child, reader in readers:
             if reader not in ready:
                 continue
             try:
@@ -335,22 +318,25 @@ class ReportChannels:
 
 
 @contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts(exits: bool = False) -> Iterator[None]:
     """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so what is done is kept.
 
     `timeout`, schedulers and ``docker stop`` send SIGTERM to the process alone: its clean-up
-    then stops its children. Outside the main thread, or where SIGTERM is ignored, it does
-    nothing.
+    then stops its children. With `exits`, it raises ``SystemExit(143)`` instead, and only
+    where SIGTERM would kill the process at once: a handler of the process's own stays.
+    Outside the main thread, or where SIGTERM is ignored, it does nothing.
     """
+    current = signal.getsignal(signal.SIGTERM)
     if (
         threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        or current is signal.SIG_IGN
+        or (exits and current is not signal.SIG_DFL)
     ):
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise SystemExit(128 + signum) if exits else KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -387,12 +373,10 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    try:
+    with contextlib.suppress(ImportError):  # a nicety only: titles show in ps/top
         import setproctitle
 
         setproctitle.setproctitle(title)
-    except ImportError:  # a nicety only: titles show in ps/top
-        pass
     try:
         yield
     except Exception as err:  # reported, then the process exits non-zero
@@ -409,15 +393,15 @@ def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
     """
     if list(gpu_ids) == [-1]:
         return
+    given = f"{flag} {' '.join(map(str, gpu_ids))}"
     if any(gpu_id < 0 for gpu_id in gpu_ids):
         raise UsageError(
-            f"{flag} {' '.join(map(str, gpu_ids))}: GPU ids are 0 and up, and -1 (alone) means "
-            "the CPU; pass one or the other"
+            f"{given}: GPU ids are 0 and up, and -1 (alone) means the CPU; pass one or the other"
         )
     if not torch.cuda.is_available():
         raise UsageError(
-            f"{flag} {' '.join(map(str, gpu_ids))} asks for a GPU but CUDA is not available "
-            f"here; drop {flag} (or pass -1) to run on the CPU"
+            f"{given} asks for a GPU but CUDA is not available here; drop {flag} (or pass -1) "
+            "to run on the CPU"
         )
     count = torch.cuda.device_count()
     for gpu_id in gpu_ids:
@@ -453,26 +437,23 @@ def check_writable(*folders: tuple[str | Path, str]) -> None:
         UsageError: one cannot be created or written, naming its flag and the folder.
     """
     made: list[Path] = []  # in the order made
-    try:
-        for folder, flag in folders:
-            path = Path(folder).absolute()
-            try:
-                for level in reversed([path, *path.parents]):  # outermost first
-                    with contextlib.suppress(FileExistsError):
-                        level.mkdir()
-                        made.append(level)
-                with tempfile.TemporaryFile(dir=path):
-                    pass
-            except OSError as err:
-                raise UsageError(
-                    f"{flag} {str(folder)!r} is not writable ({err.strerror}); choose a folder "
-                    "you can write"
-                ) from None
-    except UsageError:
-        for level in reversed(made):  # innermost first
-            with contextlib.suppress(OSError):
-                level.rmdir()  # only if still empty
-        raise
+    for folder, flag in folders:
+        path = Path(folder).absolute()
+        try:
+            for level in reversed([path, *path.parents]):  # outermost first
+                with contextlib.suppress(FileExistsError):
+                    level.mkdir()
+                    made.append(level)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as err:
+            for level in reversed(made):  # innermost first
+                with contextlib.suppress(OSError):
+                    level.rmdir()  # only if still empty
+            raise UsageError(
+                f"{flag} {str(folder)!r} is not writable ({err.strerror}); choose a folder you "
+                "can write"
+            ) from None
 
 
 def cpu_has_bf16() -> bool:
@@ -483,7 +464,9 @@ def cpu_has_bf16() -> bool:
 def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
     """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
 
-    Call after `check_gpus`.
+    Call after `check_gpus`. A GPU needs compute capability 8.0+ (Ampere, Hopper, ...): older
+    ones emulate bf16 slowly. The capability comes from the device's properties, which creates
+    no CUDA context (that would hold memory on every GPU for the whole run).
 
     Raises:
         UsageError: bf16 asked for and not supported here.
@@ -498,43 +481,25 @@ def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
             )
         return
     for gpu_id in gpu_ids:
-        if not gpu_has_bf16(gpu_id):
+        if torch.cuda.get_device_capability(gpu_id) < (8, 0):
             raise UsageError(
                 f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
                 f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
             )
 
 
-def gpu_has_bf16(gpu_id: int) -> bool:
-    """Native bfloat16 arithmetic (compute capability 8.0+: Ampere, Hopper, ...) on `gpu_id`.
-
-    Reads the device's properties, which creates no CUDA context (that would hold memory on
-    every GPU for the whole run). Older GPUs emulate bf16 slowly and are refused.
-    """
-    return torch.cuda.get_device_capability(gpu_id) >= (8, 0)
-
-
 def worker_device(gpu_id: int) -> torch.device:
     """The device for `gpu_id` (-1 = CPU), made current before any other CUDA call.
 
-    Setting the device first keeps a process from holding a CUDA context on GPU 0.
+    Setting the device first keeps a process from holding a CUDA context on GPU 0. On a GPU,
+    fp32 means fp32: no TF32 in matmuls or cuDNN convolutions and RNNs. PyTorch leaves TF32 on
+    for cuDNN, so the fast path's fused ``torch.lstm`` would differ from the acting
+    ``LSTMCell`` (cuBLAS, full fp32): the loss would differentiate another policy than the one
+    that acted. The CPU has no TF32.
     """
     if gpu_id < 0:
         return torch.device("cpu")
     torch.cuda.set_device(gpu_id)
-    device = torch.device("cuda", gpu_id)
-    set_fp32_policy(device)
-    return device
-
-
-def set_fp32_policy(device: torch.device) -> None:
-    """fp32 means fp32 on a GPU: no TF32 in matmuls or cuDNN convolutions and RNNs.
-
-    PyTorch leaves TF32 on for cuDNN, so the fast path's fused ``torch.lstm`` would differ
-    from the acting ``LSTMCell`` (cuBLAS, full fp32): the loss would differentiate another
-    policy than the one that acted. The CPU has no TF32.
-    """
-    if device.type != "cuda":
-        return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    return torch.device("cuda", gpu_id)
