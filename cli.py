@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from environment import DEFAULT_CONFIG, FrameSkip, skip_from_flags
@@ -162,9 +162,8 @@ class TrainConfig(CommonConfig):
     )
     test_niceness: int = flag(
         10,
-        help="niceness the test process adds to the launcher's (0-19): with every core busy, "
-        "higher leaves more CPU to the workers and plays test games more slowly; 0 when test games "
-        "must keep up (e.g. --save-max with a short --test-interval)",
+        help="niceness the test process adds to the launcher's (0-19): higher leaves busy cores "
+        "to the workers; 0 when test games must keep up (--save-max, short --test-interval)",
     )
     status_interval: float = flag(
         20.0,
@@ -179,9 +178,8 @@ class TrainConfig(CommonConfig):
     fast_path: bool = flag(
         True,
         negatable=True,
-        help="act without autograd in channels_last, recording the conv activations, then "
-        "backpropagate the rollout at once with the fused LSTM op (same losses and gradients); "
-        "--no-fast-path computes the original's way",
+        help="act without autograd, then backpropagate the whole rollout at once (same losses "
+        "and gradients); --no-fast-path computes the original's way",
     )
     envs_per_worker: int = flag(
         1,
@@ -226,10 +224,8 @@ class TrainConfig(CommonConfig):
     exchange_statistics: bool = flag(
         False,
         negatable=True,
-        help="with --ray-address: exchange the optimizer's statistics (Adam's moments, "
-        "RMSprop's average, its step count) with the server too, so that every node steps "
-        "with those of the whole cluster's gradients, as one machine's shared optimizer does "
-        "(3x the bytes of the weights alone with Adam)",
+        help="with --ray-address: exchange the optimizer's statistics with the server too, so "
+        "that every node steps with the whole cluster's, as one machine's shared optimizer does",
     )
     state_interval: float = flag(
         300.0,
@@ -263,9 +259,8 @@ class EvalConfig(CommonConfig):
     model: str | None = flag(
         None,
         item=str,
-        help="the .dat (or training state <env>_state.pt) to evaluate, any file of a network for "
-        "the env's observations and actions (default "
-        "<load-model-dir><env>.dat): e.g. the PongNoFrameskip-v4 agent on ALE/Pong-v5",
+        help="the .dat (or training state <env>_state.pt) to evaluate, of any network for the "
+        "env's spaces (default <load-model-dir><env>.dat)",
     )
     gpu_id: int = flag(-1, "-gid", help="GPU to run on; -1 = CPU")
     threads: int = flag(
@@ -277,7 +272,7 @@ class EvalConfig(CommonConfig):
         1,
         help="processes playing the games side by side, one core each (game i goes to "
         "process (i-1) mod P; process 0's first game is seeded with --seed, the others' with "
-        "seeds drawn from it): 2 plays 100 games in about half the time on 2 cores",
+        "seeds drawn from it)",
     )
     demo: bool = flag(False, help="write the first game as <demo-dir><env>.gif and .mp4")
     demo_dir: str = flag("demo/", help="where --demo writes")
@@ -314,7 +309,6 @@ def build_parser(
     """An argparse parser with one flag per field of `config_type`, errors in one line."""
     parser = OneLineParser(prog=prog, description=description)
     for f in fields(config_type):
-        assert f.default is not MISSING, f"{f.name} needs a default"
         _add_flag(parser, f)
     return parser
 
@@ -350,7 +344,8 @@ def parse_train_args(argv: Sequence[str] | None = None, prog: str | None = None)
         UsageError: every value that cannot work, a line each.
     """
     config = _parse(TrainConfig, TRAIN_DESCRIPTION, argv, prog)
-    _refuse(train_problems(config))
+    if problems := train_problems(config):
+        raise UsageError("\n".join(problems))
     if config.hidden_size is None and not config.load:  # --load: the file's (the plan reads it)
         config = replace(config, hidden_size=HIDDEN_SIZE)
     return config
@@ -365,14 +360,9 @@ def parse_eval_args(
         UsageError: a value that cannot work.
     """
     config = _parse(EvalConfig, description, argv, None)
-    _refuse(eval_problems(config))
-    return config
-
-
-def _refuse(problems: list[str]) -> None:
-    """Raise one UsageError holding every problem, a line each (the script prints them all)."""
-    if problems:
+    if problems := eval_problems(config):
         raise UsageError("\n".join(problems))
+    return config
 
 
 def flag_reference() -> str:
