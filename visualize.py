@@ -74,14 +74,7 @@ class LogStart:
 
 def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], LogStart]:
     """The test games of a log's last run (`all_runs`: every run's), and that run's `LogStart`."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except FileNotFoundError:
-        raise UsageError(f"log {str(path)!r} not found; pass a <log-dir><env>_log file") from None
-    except OSError as err:
-        raise UsageError(
-            f"cannot read log {str(path)!r} ({err.strerror}); pass a <log-dir><env>_log file"
-        ) from None
+    text = _read_text(path, "log", "pass a <log-dir><env>_log file")
     lines = text.splitlines()
     # A last line with no newline is still being written, or was cut by a kill: no game yet.
     whole = lines if text.endswith("\n") else lines[:-1]
@@ -143,6 +136,16 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
             "file (an evaluation's games are in its <env>_eval.json)"
         )
     return games, start
+
+
+def _read_text(path: str | Path, what: str, wanted: str) -> str:
+    """A file's text; if it cannot be read, a `UsageError` naming it, `what` it is and `wanted`."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {str(path)!r} not found; {wanted}") from None
+    except OSError as err:
+        raise UsageError(f"cannot read {what} {str(path)!r} ({err.strerror}); {wanted}") from None
 
 
 def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
@@ -487,82 +490,46 @@ def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str
 
 # Left out of a results row's command: they change nothing trained, and name a machine's folders.
 FOLDER_FLAGS = ("--save-model-dir", "-smd", "--load-model-dir", "-lmd", "--log-dir", "-lg", "-lgd")
+_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)
 
 
-def command_words(command: str) -> list[str]:
-    """A recorded command's words, as a shell splits them (run records quote with `shlex`)."""
+def _flag_words(command: str) -> list[tuple[str, list[str]]]:
+    """A recorded command's words by flag: ``[("", ["python", "main.py"]), ("--lr", ["--lr=1"])]``.
+
+    The words are a shell's (run records quote with `shlex`); a flag is named as spelled, up to
+    any ``=``; -1 is a value, not a flag.
+    """
     try:
-        return shlex.split(command)
+        words = shlex.split(command)
     except ValueError:  # an unbalanced quote: the words as they stand
-        return command.split()
+        words = command.split()
+    groups: list[tuple[str, list[str]]] = [("", [])]
+    for word in words:
+        if word.startswith("-") and not _NUMBER.fullmatch(word):
+            groups.append((word.partition("=")[0], []))
+        groups[-1][1].append(word)
+    return groups
 
 
 def without_folders(command: str) -> str:
     """`command` without its folder flags (`FOLDER_FLAGS`) and their values."""
-    words, kept = command_words(command), []
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in FOLDER_FLAGS:
-            skip = True
-        elif not word.startswith(tuple(f"{flag}=" for flag in FOLDER_FLAGS)):
-            kept.append(word)
-    return shlex.join(kept)
-
-
-def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None = None) -> str:
-    """A results row's note on a run trained in sittings, naming the flags later parts changed."""
-    if sittings <= 1:
-        return ""
-    fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
-    groups: list[list] = []  # [first part, last part, flags] of each run of equal flags
-    for part, command in enumerate(commands or [], 1):
-        flags = _flag_values(same_run_flags(command)) if command else None
-        if groups and flags in (None, groups[-1][2]):
-            groups[-1][1] = part
-        elif flags is not None:
-            groups.append([part, part, flags])
-    notes = []
-    for first, last, flags in groups[1:]:
-        changed = _changes(groups[0][2], flags)
-        parts = f"part {first}" if first == last else f"parts {first}-{last}"
-        notes.append(f"; {parts}: " + (f"`{changed}`" if changed else f"as part {groups[0][0]}"))
-    return f" (resumed with `--load`: {sittings} parts in all{fresh}{''.join(notes)})"
-
-
-def flag_changes(first: str, later: str) -> str:
-    """`later`'s flags that differ from `first`'s ("" if none), dropped ones as ``without --x``."""
-    return _changes(_flag_values(first), _flag_values(later))
-
-
-def _changes(first: dict[str, tuple[str, ...]], later: dict[str, tuple[str, ...]]) -> str:
-    shown = [
-        " ".join((flag, *values)).strip()
-        for flag, values in later.items()
-        if first.get(flag) != values
-    ]
-    shown += [
-        " ".join(("without", flag, *values)) for flag, values in first.items() if flag not in later
-    ]
-    return " ".join(shown)
-
-
-_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)
+    groups = _flag_words(command)
+    return shlex.join(word for flag, words in groups if flag not in FOLDER_FLAGS for word in words)
 
 
 def _flag_values(command: str) -> dict[str, tuple[str, ...]]:
-    """A command's words by long flag: ``--flag value`` -> {"--flag": ("value",)}; -1 is a value."""
+    """What a command trains with: its values by long flag (``-s 2``: {"--seed": ("2",)}).
+
+    ``""`` holds the words before any flag. The folder flags and ``--load`` are left out: a later
+    part of a run names them, and they change nothing trained.
+    """
     long_form = _main_py_long_forms()
-    flags: dict[str, tuple[str, ...]] = {"": ()}
-    current = ""
-    for word in command_words(command):
-        if word.startswith("-") and not _NUMBER.fullmatch(word):
-            name, equals, value = word.partition("=")
-            current = long_form.get(name, name)
-            flags[current] = (value,) if equals else ()
-        else:
-            flags[current] += (word,)
+    (_, program), *groups = _flag_words(command)
+    flags = {"": tuple(program)}
+    for flag, (word, *values) in groups:
+        if flag not in (*FOLDER_FLAGS, "--load"):
+            joined = [word.partition("=")[2]] if "=" in word else []  # --flag=value
+            flags[long_form.get(flag, flag)] = (*joined, *values)
     return flags
 
 
@@ -576,9 +543,32 @@ def _main_py_long_forms() -> dict[str, str]:
     return forms
 
 
-def same_run_flags(command: str) -> str:
-    """`command` as a results row shows it: no folder flags, no ``--load``."""
-    return shlex.join(word for word in command_words(without_folders(command)) if word != "--load")
+def resumed_note(sittings: int, restarts: int, commands: list[str | None] | None = None) -> str:
+    """A results row's note on a run trained in sittings, naming the flags later parts changed."""
+    if sittings <= 1:
+        return ""
+    fresh = f", {restarts} of them from the `.dat` alone" if restarts else ""
+    groups: list[list] = []  # [first part, last part, flags] of each run of equal flags
+    for part, command in enumerate(commands or [], 1):
+        flags = _flag_values(command) if command else None
+        if groups and flags in (None, groups[-1][2]):
+            groups[-1][1] = part
+        elif flags is not None:
+            groups.append([part, part, flags])
+    notes = []
+    for first, last, flags in groups[1:]:
+        changed = _changes(groups[0][2], flags)
+        parts = f"part {first}" if first == last else f"parts {first}-{last}"
+        notes.append(f"; {parts}: " + (f"`{changed}`" if changed else f"as part {groups[0][0]}"))
+    return f" (resumed with `--load`: {sittings} parts in all{fresh}{''.join(notes)})"
+
+
+def _changes(first: dict[str, tuple[str, ...]], later: dict[str, tuple[str, ...]]) -> str:
+    """`later`'s flags that differ from `first`'s ("" if none), dropped ones as ``without --x``."""
+    changed = {flag: values for flag, values in later.items() if first.get(flag) != values}
+    dropped = {f"without {flag}": values for flag, values in first.items() if flag not in later}
+    shown = {**changed, **dropped}
+    return " ".join(" ".join((flag, *values)).strip() for flag, values in shown.items())
 
 
 SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}  # what a results row needs of a summary
@@ -597,75 +587,58 @@ def results_table(paths: list[str | Path]) -> str:
     commands: list[str] = []
     for path in paths:
         wanted = "pass <log-dir><env>_eval.json files"
+        text = _read_text(path, "eval summary", wanted)
         try:
-            summary = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise UsageError(f"eval summary {str(path)!r} not found; {wanted}") from None
-        except OSError as err:
-            raise UsageError(
-                f"cannot read eval summary {str(path)!r} ({err.strerror}); {wanted}"
-            ) from None
-        except ValueError:  # not JSON, not text
+            summary = json.loads(text)
+        except ValueError:
             raise UsageError(
                 f"{str(path)!r} is not a gym_eval.py summary (not JSON); {wanted}"
             ) from None
         if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
             raise UsageError(f"{str(path)!r} is not a gym_eval.py summary; {wanted}")
         try:
-            rows.append(_results_row(summary))
-            command = _training_command(summary)
+            row, command = _results_row(summary)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             raise UsageError(
                 f"{str(path)!r} is not a gym_eval.py summary this version reads ({err!r}); "
                 "evaluate the model again to remake it"
             ) from None
+        rows.append(row)
         if command not in commands:  # two protocols' rows of one run: its command once
             commands.append(command)
     return "\n".join([*rows, "", "Trained with:", "", *commands])
 
 
-def results_anchor(env: str) -> str:
-    """The anchor of `env`'s section in docs/results.md (GitHub's, for a heading ``## <env>``)."""
-    return re.sub(r"[^\w\- ]", "", env.lower()).replace(" ", "-")
+def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
+    """A summary's row of `results_table`, and its line under the table: the training command.
 
-
-def _results_row(summary: dict[str, Any]) -> str:
-    """One row of `results_table` (a value of the wrong type raises TypeError or ValueError)."""
+    A value of the wrong type raises TypeError or ValueError.
+    """
+    env = summary["env"]
     training = summary.get("training") or {}
-    games = summary["games"]
     interrupted = ", interrupted" if summary.get("interrupted") else ""
+    games = summary["games"]
     played = f" ({games} games{interrupted})" if games != 100 or interrupted else ""
     frames = training.get("frames")
     seconds = training.get("seconds")
-    hours = seconds / 3600 if seconds is not None else None
-    return (
-        "| [{env}](docs/results.md#{anchor}) | {mean:.2f} ± {std:.2f}{played} | {evaluated} "
-        "| {trained} | {frames} | {hours} | {hw} |".format(
-            env=summary["env"],
-            anchor=results_anchor(summary["env"]),
-            mean=summary["mean"],
-            std=summary["std"],
-            played=played,
-            evaluated=describe_protocol(summary.get("protocol")),
-            trained=describe_protocol(training.get("protocol"), full=False),
-            frames=f"{frames:,}" if frames is not None else "?",
-            # Tenths of an hour, or two figures for a run shorter than one (CartPole's 0.015).
-            hours="?" if hours is None else f"{hours:.1f}" if hours >= 0.95 else f"{hours:.2g}",
-            hw=training.get("hardware") or "?",
-        )
-    )
-
-
-def _training_command(summary: dict[str, Any]) -> str:
-    """A list item under `results_table`: the row's env, its training command and later parts."""
-    training = summary.get("training") or {}
+    hours = None if seconds is None else seconds / 3600
+    anchor = re.sub(r"[^\w\- ]", "", env.lower()).replace(" ", "-")  # GitHub's, for ``## <env>``
+    cells = [
+        f"[{env}](docs/results.md#{anchor})",
+        f"{summary['mean']:.2f} ± {summary['std']:.2f}{played}",
+        describe_protocol(summary.get("protocol")),
+        describe_protocol(training.get("protocol"), full=False),
+        "?" if frames is None else f"{frames:,}",
+        # Tenths of an hour, or two figures for a run shorter than one (CartPole's 0.015).
+        "?" if hours is None else f"{hours:.1f}" if hours >= 0.95 else f"{hours:.2g}",
+        training.get("hardware") or "?",
+    ]
     command = training.get("command")
+    shown = without_folders(command) if command else "?"
     resumed = resumed_note(
         training.get("sittings", 1), training.get("restarts", 0), training.get("commands")
     )
-    return "- {env}: `{cmd}`{resumed}".format(
-        env=summary["env"], cmd=without_folders(command) if command else "?", resumed=resumed
-    )
+    return f"| {' | '.join(cells)} |", f"- {env}: `{shown}`{resumed}"
 
 
 # Command line

@@ -24,12 +24,12 @@ from visualize import (
     describe_milestone,
     describe_protocol,
     first_reaching,
-    flag_changes,
     moving_average,
     parse_log,
     parse_sittings,
     results_table,
-    same_run_flags,
+    resumed_note,
+    without_folders,
     write_gif,
 )
 
@@ -575,16 +575,14 @@ def test_results_table_from_eval_summaries(tmp_path):
         )
     )
     # Short forms and --flag=value are the long flag; negative numbers are values.
-    assert flag_changes(
-        "python main.py --lr 1 --amsgrad -s 2", "python main.py -s 3 --lr=-1E-4"
-    ) == ("--seed 3 --lr -1E-4 without --amsgrad")
-    assert flag_changes("python main.py -s 2 --lr 0.1", "python main.py --lr 0.1 --seed 2") == ""
+    changed = resumed_note(2, 0, ["main.py --lr 1 --amsgrad -s 2", "main.py -s 3 --lr=-1E-4"])
+    assert changed.endswith("part 2: `--seed 3 --lr -1E-4 without --amsgrad`)")
+    same = resumed_note(3, 0, ["main.py -s 2 --lr 0.1", "main.py --lr 0.1 --seed 2 --load", None])
+    assert same == " (resumed with `--load`: 3 parts in all)"
     # Run records quote as a shell does (shlex): a folder with a space is one value.
     spaced = "python main.py --save-model-dir '/my runs/' --seed 2 --load --log-dir 'a b/'"
-    assert same_run_flags(spaced) == "python main.py --seed 2"
-    assert flag_changes("python main.py --seed 1", spaced).startswith(
-        "--save-model-dir /my runs/ --seed 2"
-    )
+    assert without_folders(spaced) == "python main.py --seed 2 --load"
+    assert resumed_note(2, 0, ["python main.py --seed 1", spaced]).endswith("`--seed 2`)")
     v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
     assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
     v0 = describe_protocol(protocol("Pong-v0", 4, 100))
