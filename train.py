@@ -136,12 +136,9 @@ class TrainStats:
         self._reset()
 
     def _reset(self) -> None:
-        zero = torch.zeros((), device=self.device)
         self.updates = 0
-        self.policy_loss = zero.clone()
-        self.value_loss = zero.clone()
-        self.entropy = zero.clone()
-        self.grad_norm = zero.clone()
+        sums = torch.zeros(4, device=self.device).unbind()
+        self.policy_loss, self.value_loss, self.entropy, self.grad_norm = sums
         self.layer_norms = torch.zeros(len(self.layers), device=self.device)
 
     @torch.no_grad()
@@ -222,7 +219,7 @@ def pin_shared_memory(shared_model: nn.Module, device: torch.device) -> list[int
     A copy from pageable memory blocks the process; from pinned memory it is one DMA the GPU
     runs meanwhile. Where registration fails, the rest stay unregistered (blocking, correct),
     and the error it leaves pending, which the next kernel launch would report as its own, is
-    consumed on `device`. Returns the registered addresses, for `unpin_shared_memory`.
+    read away on `device`. Returns the registered addresses, for `unpin_shared_memory`.
     """
     if not torch.cuda.is_available():
         return []
@@ -234,7 +231,10 @@ def pin_shared_memory(shared_model: nn.Module, device: torch.device) -> list[int
     pinned = []
     for pointer, storage in storages.items():
         if int(cudart.cudaHostRegister(pointer, storage.nbytes(), 0)) != 0:
-            consume_cuda_error(device)
+            # PyTorch binds no call that reads the pending error alone: a tiny kernel reports
+            # it (as torch.AcceleratorError) and it is dropped.
+            with contextlib.suppress(RuntimeError):
+                torch.empty(1, device=device).fill_(0.0)
             break
         pinned.append(pointer)
     return pinned
@@ -269,16 +269,6 @@ def pinned_pages(shared_model: nn.Module, device: torch.device) -> Iterator[None
             unpin_shared_memory(pointers)
         raise
     unpin_shared_memory(pointers)
-
-
-def consume_cuda_error(device: torch.device) -> None:
-    """Read away the error a failed CUDA runtime call left pending for this thread.
-
-    PyTorch binds no call that reads it alone, so one tiny kernel is launched and the error
-    it reports is dropped.
-    """
-    with contextlib.suppress(RuntimeError):  # torch.AcceleratorError: the pending error
-        torch.empty(1, device=device).fill_(0.0)
 
 
 def ensure_shared_grads(model: nn.Module, shared_model: nn.Module, copy: bool = False) -> None:
@@ -361,9 +351,7 @@ def run_worker(
     # -- setup: device, seeds, envs, own model copy, agent -------------------------------------
     device = worker_device(config.gpu_for(rank))
     seed, seeds = worker_seeds(config.seed, rank, config.workers, config.envs_per_worker, start)
-    torch.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)
+    torch.manual_seed(seed)  # every device's generator, a GPU's too
     # However it ends (a stop, an error, an in-process caller's failing hook), the envs close
     # and the shared pages are unpinned.
     with contextlib.ExitStack() as cleanup:
@@ -380,8 +368,8 @@ def run_worker(
             )
         else:
             optimizer.use_slot(rank)  # the shared one: this worker counts its steps in its slot
-        model = build_model(envs[0].observation_space, envs[0].action_space, config.hidden_size)
-        model = model.to(device)
+        spaces = envs[0].observation_space, envs[0].action_space
+        model = build_model(*spaces, config.hidden_size).to(device)
         bf16 = config.precision == "bf16"
         if config.fast_path and model.channels_last_suits(device, bf16):
             model.use_channels_last()  # channels_last: 1.6x faster batch-1 forward on CPU
@@ -392,7 +380,6 @@ def run_worker(
         )  # fmt: skip
         agent.reset(seeds=seeds)
         num_steps = step_size_for(rank, config.num_steps, config.distributed_step_size)
-        on_gpu = device.type == "cuda"
         stats = TrainStats(model)
         next_report = time.monotonic() + REPORT_SECONDS
         non_finite = 0  # updates skipped in a row
@@ -448,7 +435,7 @@ def run_worker(
                 continue
             non_finite = 0
 
-            ensure_shared_grads(model, shared_model, copy=on_gpu)
+            ensure_shared_grads(model, shared_model, copy=device.type == "cuda")
             lr = scheduled_lr(config.lr, config.lr_schedule, ctx.total_steps(), config.max_steps)
             set_lr(optimizer, lr)  # --lr-schedule: this worker's copy of the settings
             optimizer.step()
