@@ -10,7 +10,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,6 +21,7 @@ import cli
 from checkpoint import env_file_stem, write_atomic
 from environment import DEFAULT_CONFIG, env_config, read_config
 from utils import OneLineParser, UsageError, format_elapsed
+from validate import MAX_SEED
 
 # A test game's whole line (ours goes on past the original's); one cut by a kill matches none.
 LINE = re.compile(
@@ -116,16 +117,10 @@ def read_log(path: str | Path, all_runs: bool = False) -> tuple[list[TestGame], 
             elif steps is not None:
                 games = [g for g in games if g.steps is None or g.steps <= steps]  # trained again
             run, block, block_steps, block_loaded, firsts = block, None, None, None, {}
-        g = match.groupdict()
-        games.append(
-            TestGame(
-                seconds=int(g["h"]) * 3600 + int(g["m"]) * 60 + int(g["s"]),
-                reward=float(g["reward"]),
-                length=int(g["length"]),
-                steps=int(g["steps"]) if g["steps"] else None,
-                frames=int(g["frames"]) if g["frames"] else None,
-            )
-        )
+        seconds = int(match["h"]) * 3600 + int(match["m"]) * 60 + int(match["s"])
+        steps = int(match["steps"]) if match["steps"] else None
+        frames = int(match["frames"]) if match["frames"] else None
+        games.append(TestGame(seconds, float(match["reward"]), int(match["length"]), steps, frames))
     if any(line.strip() for line in lines) and not any(LOG_LINE.match(line) for line in lines):
         raise UsageError(
             f"{str(path)!r} is not a training log (no line of one); pass a <log-dir><env>_log file"
@@ -175,10 +170,9 @@ def parse_sittings(paths: list[str | Path]) -> list[TestGame]:
             elif _count(sitting[0]) < _count(games[-1]):  # from a .dat alone: counts afresh
                 last = games[-1]
                 sitting = [
-                    TestGame(
+                    replace(
+                        g,
                         seconds=g.seconds + last.seconds,
-                        reward=g.reward,
-                        length=g.length,
                         steps=_shift(g.steps, last.steps),
                         frames=_shift(g.frames, last.frames),
                     )
@@ -202,10 +196,7 @@ def _starts_again(start: LogStart, before: LogStart, first: TestGame, last: Test
 
 def _count(game: TestGame) -> float:
     """How far the run was at `game`: frames, else steps, else wall time."""
-    for count in (game.frames, game.steps):
-        if count is not None:
-            return count
-    return game.seconds
+    return next(count for count in (game.frames, game.steps, game.seconds) if count is not None)
 
 
 def _shift(count: int | None, by: int | None) -> int | None:
@@ -223,8 +214,6 @@ def moving_average(values: list[float], window: int) -> np.ndarray:
 
 def first_reaching(games: list[TestGame], reward: float, window: int = 10) -> TestGame | None:
     """The game where the mean of a full window of test games first reached `reward`, or None."""
-    if window < 1:
-        raise UsageError(f"--window must be at least 1, got {window}")
     rewards = [g.reward for g in games]
     for end in range(window, len(games) + 1):
         if sum(rewards[end - window : end]) / window >= reward:
@@ -236,17 +225,11 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     """One line: when (wall time, frames, game number) the `window`-game mean reached `reward`."""
     reached = first_reaching(games, reward, window)
     if reached is None:
+        not_yet = f"the mean of {window} test games has not reached {reward:g}"
         if len(games) < window:
-            return (
-                f"the mean of {window} test games has not reached {reward:g}: {len(games)} "
-                f"games so far, fewer than the window (--window sets it)"
-            )
-        best = max(moving_average([g.reward for g in games], window)[window - 1 :], default=None)
-        so_far = "" if best is None else f" (best {window}-game mean so far {best:.2f})"
-        return (
-            f"the mean of {window} test games has not reached {reward:g} in "
-            f"{len(games)} games{so_far}"
-        )
+            return f"{not_yet}: {len(games)} games so far, fewer than the window (--window sets it)"
+        best = max(moving_average([g.reward for g in games], window)[window - 1 :])
+        return f"{not_yet} in {len(games)} games (best {window}-game mean so far {best:.2f})"
     frames = f", {reached.frames:,} frames" if reached.frames is not None else ""
     return (
         f"the mean of the last {window} test games first reached {reward:g} after "
@@ -305,12 +288,10 @@ def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window:
     else:
         x_frames, x_label = list(range(1, len(games) + 1)), "test game"
     last = Path(logs[-1])
-    trained = training_games(last.with_name(last.name.removesuffix("_log") + "_run.json"))
-    if x_label != "frames":  # the workers' games are stamped with frames
-        trained = []
+    record = last.with_name(last.name.removesuffix("_log") + "_run.json")
+    trained = training_games(record) if x_label == "frames" else []  # stamped with frames
     seconds = [g.seconds for g in games] + [game[1] for game in trained]
-    hours = max(seconds) >= 2 * 3600
-    unit, per = ("hours", 3600) if hours else ("min", 60)
+    unit, per = ("hours", 3600) if max(seconds) >= 2 * 3600 else ("min", 60)
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     for ax, time_axis in zip(axes, (False, True), strict=True):
@@ -322,13 +303,8 @@ def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window:
             ax.plot(xs, mean, "-", color="darkgreen", label="training, mean of last 100")
         xs = [g.seconds / per for g in games] if time_axis else x_frames
         ax.plot(xs, rewards, ".", alpha=0.35, color="tab:blue", label="test game")
-        ax.plot(
-            xs,
-            moving_average(rewards, window),
-            "-",
-            color="tab:red",
-            label=f"test, mean of last {window}",
-        )
+        mean = moving_average(rewards, window)
+        ax.plot(xs, mean, "-", color="tab:red", label=f"test, mean of last {window}")
         ax.set_xlabel(f"wall time ({unit})" if time_axis else x_label)
         ax.set_ylabel("score")
         ax.grid(alpha=0.3)
@@ -339,7 +315,7 @@ def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window:
     fig.suptitle(f"{last.name}{before}: {len(games)} test games{played}")
     fig.tight_layout()
     try:
-        return write_image(out, lambda f: fig.savefig(f, format=Path(out).suffix[1:] or None))
+        return write_image(out, lambda f: fig.savefig(f, format=Path(out).suffix[1:]))
     finally:
         plt.close(fig)
 
@@ -358,8 +334,7 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
 
     from environment import ATARI_ENTRY_POINT, lookup_spec, process_frame
 
-    spec = lookup_spec(env_id)
-    if spec.entry_point != ATARI_ENTRY_POINT:
+    if lookup_spec(env_id).entry_point != ATARI_ENTRY_POINT:
         raise UsageError(f"{env_id!r} is not an Atari game; the input view is for screen images")
     conf = env_config(read_config(config_path), env_id)
     env = gym.make(env_id)
@@ -371,18 +346,9 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
             frame, _ = env.reset()
     env.close()
 
-    processed = process_frame(frame, conf)[0]
-    gray = np.clip(processed, 0, 255).astype(np.uint8)
-    big_processed = cv2.resize(
-        cv2.cvtColor(gray, cv2.COLOR_GRAY2RGB),
-        None,
-        fx=VIEW_PROCESSED_SCALE,
-        fy=VIEW_PROCESSED_SCALE,
-        interpolation=cv2.INTER_NEAREST,
-    )
-    raw = cv2.resize(
-        frame, None, fx=VIEW_RAW_SCALE, fy=VIEW_RAW_SCALE, interpolation=cv2.INTER_NEAREST
-    )
+    gray = np.clip(process_frame(frame, conf)[0], 0, 255).astype(np.uint8)
+    big_processed = _enlarge(np.dstack([gray] * 3), VIEW_PROCESSED_SCALE)
+    raw = _enlarge(frame, VIEW_RAW_SCALE)
     top = conf["crop1"] * VIEW_RAW_SCALE
     bottom = min(conf["crop2"] + 160, frame.shape[0]) * VIEW_RAW_SCALE - 1
     cv2.rectangle(raw, (0, top), (160 * VIEW_RAW_SCALE - 1, bottom), (255, 0, 0), 1)
@@ -406,16 +372,15 @@ def input_view(env_id: str, config_path: str | Path, steps: int = 60, seed: int 
     return canvas
 
 
+def _enlarge(image: np.ndarray, scale: int) -> np.ndarray:
+    """`image` `scale` times as tall and wide, each pixel a square of `scale` x `scale`."""
+    return image.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
 def write_png(image: np.ndarray, out: str | Path) -> Path:
     """Save an RGB array as PNG."""
-
-    def encode(f: BinaryIO) -> None:
-        encoded, data = cv2.imencode(Path(out).suffix, cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
-        if not encoded:
-            raise ValueError(f"OpenCV cannot encode {Path(out).suffix!r}")
-        f.write(data.tobytes())
-
-    return write_image(out, encode)
+    bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    return write_image(out, lambda f: f.write(cv2.imencode(Path(out).suffix, bgr)[1].tobytes()))
 
 
 def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
@@ -438,20 +403,14 @@ def write_image(out: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return Path(out)
 
 
-# GIFs
-
-
 def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Path:
     """Write RGB frames as a looping GIF (Pillow, which matplotlib already brings)."""
     from PIL import Image
 
-    if not frames:
-        raise ValueError("expected at least one frame, got none")
-    out = Path(out)
     images = [Image.fromarray(f) for f in frames]
 
     def save(f: BinaryIO) -> None:
-        image_format = Image.registered_extensions()[out.suffix.lower()]  # KeyError: no image
+        image_format = Image.registered_extensions()[Path(out).suffix.lower()]  # KeyError: none
         images[0].save(
             f, format=image_format, save_all=True, append_images=images[1:],
             duration=round(1000 / fps), loop=0,
@@ -645,7 +604,7 @@ def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``curve``, ``view`` and ``table`` subcommands."""
+    """The ``curve``, ``view``, ``milestone`` and ``table`` subcommands."""
     p = OneLineParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="{curve,view,milestone,table}")
     curve = sub.add_parser("curve", help="PNG of the scores vs frames and wall time from a log")
@@ -694,8 +653,6 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or log.with_name(log.name.removesuffix("_log") + "_curve.png")
             print(plot_curve(list(args.log), out, args.window))
         elif args.command == "view":
-            from validate import MAX_SEED
-
             if args.steps < 0:
                 raise UsageError(f"--steps must be 0 or more, got {args.steps}")
             if not 0 <= args.seed <= MAX_SEED:
