@@ -87,7 +87,6 @@ class Rollout:
     terminated: torch.Tensor
     truncated: torch.Tensor
     bootstrap: torch.Tensor
-    steps: int
 
 
 class StepRecord:
@@ -102,7 +101,6 @@ class StepRecord:
 
     def __init__(self, envs: int, capacity: int = 20):
         """Room for `capacity` steps of `envs` envs; empty."""
-        self.envs = envs
         self.length = 0
         self.arrays = {
             name: np.zeros((capacity, envs), dtype)
@@ -218,9 +216,6 @@ class FastPath:
         return values.view(steps, envs), log_prob.view(steps, envs), entropy.view(steps, envs)
 
 
-TrainingPath = ReferencePath | FastPath
-
-
 # The training agent
 
 
@@ -250,8 +245,7 @@ class Agent:
         self.device = torch.device(device)
         self.reward_scale = reward_scale
         self.bootstrap_truncated = bootstrap_truncated
-        self.path: TrainingPath = FastPath(bf16) if fast_path else ReferencePath(bf16)
-        self.bf16 = bf16
+        self.path: ReferencePath | FastPath = FastPath(bf16) if fast_path else ReferencePath(bf16)
         self.record = StepRecord(len(self.envs))
         self.hx, self.cx = model.initial_state(len(self.envs), self.device)
         self.done = [True] * len(self.envs)
@@ -366,7 +360,6 @@ class Agent:
             # (`train.discounted_targets`) and the loss takes `took` to its device once.
             **{name: self.record.to_device(name, "cpu") for name in StepRecord.FIELDS[1:]},
             bootstrap=self.bootstrap_value(),
-            steps=self.steps,
         )
 
     @torch.no_grad()
@@ -385,7 +378,7 @@ class Agent:
                 hx[k], cx[k] = cut_hx, cut_cx
         if not any(keep):
             return torch.zeros(len(self.envs), device=self.device)
-        value, _, _, _ = forward(self.model, self._frames(keep), hx, cx, self.bf16)
+        value, _, _, _ = forward(self.model, self._frames(keep), hx, cx, self.path.bf16)
         kept = torch.tensor(keep, device=self.device)
         return torch.where(kept, value.view(-1), torch.zeros((), device=self.device))
 
@@ -410,12 +403,11 @@ class GameResult:
 
     def note(self) -> str:
         """What the log says after the reward when the game did not end in a game over."""
+        quiet = self.steps_without_reward
         if self.ending == STALLED:
-            return f", stalled: no reward in {self.steps_without_reward} steps"
-        if self.ending == TIME_LIMIT and self.steps_without_reward:
-            return (
-                f", cut by the time limit (no reward in the last {self.steps_without_reward} steps)"
-            )
+            return f", stalled: no reward in {quiet} steps"
+        if self.ending == TIME_LIMIT and quiet:
+            return f", cut by the time limit (no reward in the last {quiet} steps)"
         if self.ending == TIME_LIMIT:  # rewarded to its last step (CartPole's every step)
             return ", cut by the time limit"
         return ""

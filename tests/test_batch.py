@@ -243,7 +243,7 @@ def test_an_env_whose_episode_ends_waits_masked_and_restarts():
         taken = agent.play_rollout(20)
         rollout = agent.rollout()
         took = rollout.took.T  # (K, T)
-        assert taken == rollout.steps == int(took.sum())
+        assert taken == agent.steps == int(took.sum())
         for k in range(2):
             row = took[k].tolist()
             assert row == sorted(row, reverse=True)  # taken steps, then only waiting

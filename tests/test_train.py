@@ -36,7 +36,7 @@ def loss_rollout(values, log_probs, entropies, rewards, bootstrap, took=None) ->
     flags = torch.zeros_like(took)
     return Rollout(
         values=values, log_probs=log_probs, entropies=entropies, rewards=rewards, took=took,
-        terminated=flags, truncated=flags, bootstrap=bootstrap, steps=int(took.sum()),
+        terminated=flags, truncated=flags, bootstrap=bootstrap,
     )  # fmt: skip
 
 
