@@ -90,8 +90,7 @@ class CommonConfig:
     stall_steps: int = flag(
         0,
         help="end a test or evaluation game after this many agent steps in a row without a "
-        "reward, logged as stalled (e.g. 2000 for Breakout, whose ball waits for a FIRE the "
-        "agent may never press); 0: only the game's end and --max-episode-length end it",
+        "reward, logged as stalled (e.g. 2000 for Breakout, whose ball waits for a FIRE); 0: off",
     )
     repeat_action_probability: float | None = flag(
         None,
