@@ -102,13 +102,12 @@ def encode_recorded(
     With `bf16` the encoder runs and records in bfloat16; the features come back float32.
     """
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        if not isinstance(model, A3Clstm):
-            tape.record({"input": x})
-            tape.advance()
-            return model.encode(x).float()
         if model.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         tape.record({"input": x})
+        if not isinstance(model, A3Clstm):
+            tape.advance()
+            return model.encode(x).float()
         for i, conv in enumerate(model.convs()):
             out = conv(x)
             n, c, h, w = out.shape
