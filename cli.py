@@ -380,8 +380,7 @@ def flag_reference() -> str:
     ):
         lines += ["", f"## {script}", "", description, ""]
         lines += ["| flag | short | default | meaning |", "|---|---|---|---|"]
-        for f in fields(config_type):
-            lines.append(_flag_row(f))
+        lines += [_flag_row(f) for f in fields(config_type)]
     return "\n".join(lines) + "\n"
 
 
@@ -401,12 +400,11 @@ def _flag_row(f: Field) -> str:
     name = "--" + f.name.replace("_", "-")
     if isinstance(f.default, bool) and meta["negatable"]:
         name += f" / --no-{f.name.replace('_', '-')}"
-    shown = shown_default(f.default)
     meaning = meta["help"].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     if meta["choices"] is not None:
         meaning += f" (one of: {', '.join(meta['choices'])})"
     short = ", ".join(f"`{s}`" for s in meta["short"])
-    return f"| `{name}` | {short} | {shown} | {meaning} |"
+    return f"| `{name}` | {short} | {shown_default(f.default)} | {meaning} |"
 
 
 def as_dict(config: CommonConfig) -> dict[str, Any]:
