@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from cli import TrainConfig
-from environment import EnvSpec, make_env
+from environment import EnvSpec
 from utils import UsageError, check_gpus, check_precision, count_of
 from validate import host_port
 
@@ -463,10 +463,7 @@ class NodeLauncher:
         # come through PYTHONPATH, so the working directory moves to one no node replaces.
         os.chdir(tempfile.gettempdir())
 
-        from checkpoint import RunPaths
-        from launcher import Launcher
-        from model import build_model
-        from shared_optim import make_optimizer
+        from launcher import Launcher, share_model
 
         # This machine's GPUs and CPU: a node short of them fails to start; the driver names it.
         check_gpus(config.gpu_ids)
@@ -476,27 +473,13 @@ class NodeLauncher:
         self.node = node
         self.index = index
         self.ray = ray
-        env = make_env(spec)
-        model = build_model(env.observation_space, env.action_space, config.hidden_size)
-        shape = env.observation_space.shape
-        env.close()
+        slots = config.workers + config.exchange_statistics  # + the other nodes' steps
+        shared = share_model(config, spec, slots)
+        model, optimizer = shared.model, shared.optimizer
         joined = ray.get(server.join.remote(node), timeout=SERVER_SECONDS)
-        set_flat(model, joined["weights"])
-        model.share_memory()
-        optimizer = None
-        if config.shared_optimizer:
-            slots = config.workers + config.exchange_statistics  # + the other nodes' steps
-            optimizer = make_optimizer(
-                model.parameters(), config.optimizer, config.lr, config.amsgrad, slots
-            )
-            optimizer.share_memory()
-        paths = RunPaths.of(
-            config.env, config.log_dir, config.save_model_dir, config.load_model_dir, False
-        )
-        self.pool = Launcher(
-            self.config, paths, spec, model, optimizer, shape, "", test_process=False,
-            extra_slots=1, resumed_steps=joined["base_steps"],
-        )  # fmt: skip
+        set_flat(model, joined["weights"])  # in place: into the shared memory
+        self.pool = Launcher(self.config, spec, shared, None, extra_slots=1)
+        self.pool.resumed_steps = joined["base_steps"]  # for the seeds of its workers' starts
         # Slot W holds every step but this launcher's own: the other nodes' and this node's
         # earlier launchers' (a restart). Only this actor writes it, at each exchange.
         self.others_slot = config.workers

@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ from torch import nn
 
 from checkpoint import RunPaths, TrainingState, cpu_state_dict, save_atomic, untrained
 from cli import TrainConfig, as_dict
-from environment import EnvSpec, frames_per_step
+from environment import EnvSpec, frames_per_step, make_env
+from model import build_model
 from monitor import RunMonitor
+from run_folder import RunPlan
+from shared_optim import make_optimizer
 from test import TestStart, test
 from train import train
 from utils import (
@@ -31,8 +35,47 @@ from utils import (
     count_of,
     format_elapsed,
     sigint_ignored,
+    signal_handled,
 )
 from visualize import plot_curve
+
+
+@dataclass(frozen=True)
+class SharedModel:
+    """The model and optimizer that every process of the run updates, in shared memory."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None  # None: each worker steps an optimizer of its own
+    observation_shape: tuple[int, ...]
+
+
+def share_model(
+    config: TrainConfig,
+    spec: EnvSpec,
+    slots: int,
+    load: Callable[[nn.Module, torch.optim.Optimizer | None], None] | None = None,
+) -> SharedModel:
+    """Build the model (seeded by ``--seed``) and the optimizer, `load` them, share their memory.
+
+    `slots` are the optimizer's step slots; 0 builds none (a cluster's driver). `load` runs
+    before the sharing, since loading optimizer statistics replaces its tensors.
+    """
+    env = make_env(spec)
+    observation_space, action_space = env.observation_space, env.action_space
+    env.close()
+    torch.manual_seed(config.seed)
+    model = build_model(observation_space, action_space, config.hidden_size)
+    optimizer = None
+    if config.shared_optimizer and slots:
+        optimizer = make_optimizer(
+            model.parameters(), config.optimizer, config.lr, config.amsgrad, slots
+        )
+    if load is not None:
+        load(model, optimizer)
+    model.share_memory()
+    if optimizer is not None:
+        optimizer.share_memory()
+    return SharedModel(model, optimizer, observation_space.shape)
 
 
 @dataclass(frozen=True)
@@ -40,11 +83,6 @@ class Child:
     """One process the launcher supervises: training worker `rank`, or the test process (None)."""
 
     rank: int | None = None
-
-    @property
-    def is_test(self) -> bool:
-        """This is the test process."""
-        return self.rank is None
 
     @property
     def title(self) -> str:
@@ -63,32 +101,29 @@ class Launcher:
     def __init__(
         self,
         config: TrainConfig,
-        paths: RunPaths,
         spec: EnvSpec,
-        shared_model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        observation_shape: tuple[int, ...],
-        tensorboard_dir: str,
-        resumed: TrainingState | None = None,
-        test_process: bool = True,
+        shared: SharedModel,
+        plan: RunPlan | None,
         workers: int | None = None,
         extra_slots: int = 0,
-        earlier_logs: Path | None = None,
-        resumed_steps: int | None = None,
     ):
-        """Hold what the children get; nothing starts and no file is written until `run`."""
-        self.test_process = test_process
+        """Hold what the children get; nothing starts and no file is written until `run`.
+
+        Without a `plan` (a cluster node's pool) it writes no file and starts no test process.
+        `workers` defaults to ``--workers``; `extra_slots` count steps taken elsewhere.
+        """
+        self.test_process = plan is not None
         self.workers = config.workers if workers is None else workers
         self.on_poll: Callable[[], None] | None = None  # cluster.py's hooks
         self.before_shutdown: Callable[[], None] | None = None
         self.config = config
-        self.paths = paths
         self.spec = spec
-        self.shared_model = shared_model
-        self.optimizer = optimizer
-        self.tensorboard_dir = tensorboard_dir
-        self.resumed = resumed
-        self.earlier_logs = earlier_logs
+        self.shared_model, self.optimizer = shared.model, shared.optimizer
+        self.resumed = resumed = None if plan is None else plan.state
+        self.tensorboard_dir = "" if plan is None else plan.tensorboard_dir
+        self.earlier_logs = None if plan is None else plan.earlier_logs
+        # A cluster node's paths only name, in its monitor, files that it never writes.
+        self.paths = plan.paths if plan else RunPaths.of(config.env, config.log_dir, "", "", False)
         self.log_dir = str(Path(config.log_dir).resolve())  # now: the cwd may be gone by a save
         self.log = logging.getLogger("a3g.main")
         self.stop_reason = ""
@@ -98,23 +133,15 @@ class Launcher:
         self.stopped_untrained: bool | None = None  # `trained_nothing`, fixed when the stop came
 
         self.mp = mp.get_context("spawn")  # always: CPU and GPU runs behave the same
-        self.ctx = ProcessContext.create(
-            self.mp,
-            config.max_steps,
-            steps=0 if resumed is None else resumed.steps,
-            elapsed=0.0 if resumed is None else resumed.elapsed,
-            skipped=0 if resumed is None else resumed.skipped_updates,
-            slots=max(self.workers, 1) + extra_slots,  # extra: a cluster's other nodes' steps
-        )
+        slots = max(self.workers, 1) + extra_slots  # extra: a cluster's other nodes' steps
+        self.ctx = ProcessContext.create(self.mp, config.max_steps, slots, resumed)
         self.channels = ReportChannels(self.mp)
         self.children = [
-            *([Child(None)] if test_process else []),
+            *([Child(None)] if self.test_process else []),
             *(Child(rank) for rank in range(self.workers)),
         ]
-        self.processes: dict[Child, mp.process.BaseProcess] = {}
-        if resumed_steps is None:
-            resumed_steps = 0 if resumed is None else resumed.steps
-        self.resumed_steps = resumed_steps
+        self.processes: dict[Child, BaseProcess] = {}
+        self.resumed_steps = 0 if resumed is None else resumed.steps  # a cluster node sets its own
         self.starts: dict[Child, int] = {}  # each child's starts so far, for its seeds
         self.deaths: dict[Child, list[float]] = {}
         self.pending_causes: dict[str, tuple[str, str]] = {}
@@ -122,13 +149,13 @@ class Launcher:
         self.next_state_save = time.monotonic() + config.state_interval
         self.monitor = RunMonitor(
             config,
-            shared_model,
-            observation_shape,
+            self.shared_model,
+            shared.observation_shape,
             frames_per_step(config.env, config.frame_skip),
             self.ctx,
             self.log,
-            paths,
-            tensorboard_dir,
+            self.paths,
+            self.tensorboard_dir,
         )
         if resumed is not None:
             self.monitor.restore(resumed)
@@ -192,7 +219,7 @@ class Launcher:
         """The entry point and arguments of `child`'s next start, with the latest normalisers."""
         monitor = self.monitor
         start = ProcessStart(self.resumed_steps, self.starts.get(child, 0))
-        if child.is_test:
+        if child.rank is None:
             begin = TestStart(
                 self.config, self.spec, self.paths, self.tensorboard_dir, tuple(monitor.rewards),
                 monitor.test_normalizer, monitor.dat_score, self.ctx.total_steps(), start,
@@ -228,68 +255,57 @@ class Launcher:
 
     def supervise(self) -> None:
         """Wait until a signal, the step budget, the workers' end or a failure; restart the dead."""
+        budget = f"--max-steps {self.config.max_steps} reached"
         while not self.ctx.stopping():
             for child, proc in list(self.processes.items()):
                 if proc.exitcode not in (None, 0) and not self._handle_death(child, proc):
                     return
-            workers = [p for child, p in self.processes.items() if not child.is_test]
+            workers = [p for child, p in self.processes.items() if child.rank is not None]
             if workers and all(p.exitcode == 0 for p in workers):
-                self.stop_reason = (
-                    f"--max-steps {self.config.max_steps} reached"
-                    if self.ctx.budget_reached()
-                    else "all workers finished"
-                )
+                self.stop_reason = budget if self.ctx.budget_reached() else "all workers finished"
                 return
             if self.ctx.budget_reached() and not self.stop_reason:
-                self.stop_reason = f"--max-steps {self.config.max_steps} reached"
+                self.stop_reason = budget
             if self.on_poll is not None:
                 self.on_poll()
             if self.ctx.budget_reached() and not self.workers:  # none here to finish it
-                self.stop_reason = f"--max-steps {self.config.max_steps} reached"
+                self.stop_reason = budget
                 return
+            self.drain_reports()
             if self.test_process:
-                self.drain_reports()
                 if self.state_due():
                     self.save_state()
                     self.next_state_save = time.monotonic() + self.config.state_interval
                 self.monitor.tick()
-            else:
-                self.drain_reports()
             time.sleep(self.POLL_SECONDS)
 
-    def _handle_death(self, child: Child, proc: mp.process.BaseProcess) -> bool:
+    def _handle_death(self, child: Child, proc: BaseProcess) -> bool:
         """Report a dead child and restart it; False when the run must stop instead."""
         self.drain_reports(child)  # to the end of its pipe: its error report, its last numbers
-        code = proc.exitcode
-        how = (
-            f"killed by {signal.Signals(-code).name}"
-            if code is not None and code < 0
-            else f"exit code {code}"
-        )
+        code = proc.exitcode or 0
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         cause, trace = self.pending_causes.pop(
             child.title, ("no error report (it died without raising)", "")
         )
         if trace:
             self.log.error(f"{child.title} traceback:\n{trace.rstrip()}")
         now = time.monotonic()
-        deaths = [t for t in self.deaths.get(child, []) if now - t < self.RESTART_WINDOW]
-        deaths.append(now)
+        deaths = [t for t in self.deaths.get(child, []) if now - t < self.RESTART_WINDOW] + [now]
         self.deaths[child] = deaths
         what = f"{child.title} (pid {proc.pid}) died: {how}; {cause}"
         if code == FATAL_EXIT:
-            self.failed = True
             self.stop_reason = what
-            return False
-        if len(deaths) > self.RESTART_LIMIT:
-            self.failed = True
+        elif len(deaths) > self.RESTART_LIMIT:
             self.stop_reason = (
                 f"{what}; it died {len(deaths)} times in {self.RESTART_WINDOW / 60:.0f} minutes, "
                 "so the run stops"
             )
-            return False
-        self.log.warning(f"{what}; restarting it with the latest weights")
-        self._start(child)
-        return True
+        else:
+            self.log.warning(f"{what}; restarting it with the latest weights")
+            self._start(child)
+            return True
+        self.failed = True
+        return False
 
     def trained_nothing(self) -> bool:
         """Whether this is a fresh run stopped before its first step: no random weights saved."""
@@ -307,11 +323,8 @@ class Launcher:
         """Stop every child, then save the latest weights and the training state."""
         self.latch_untrained()
         self.ctx.request_stop()  # whatever ended supervision: all say the run is stopping
-        if self.test_process:  # a cluster node's pool: its driver says it
-            then = (
-                "nothing trained to save" if self.trained_nothing() else "the files are saved next"
-            )
-            self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; {then}")
+        then = "nothing trained to save" if self.trained_nothing() else "the files are saved next"
+        self.log.info(f"{STOPPING}{self.stop_reason or 'done'}; {then}")
         if self.before_shutdown is not None:
             try:
                 self.before_shutdown()  # a cluster's driver: the nodes' last exchanges
@@ -337,10 +350,8 @@ class Launcher:
         """Ask every child to stop and wait for it (terminate, then kill, the slow ones)."""
         self.ctx.request_stop()
         deadline = time.monotonic() + self.JOIN_SECONDS
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and any(p.is_alive() for p in self.processes.values()):
             self.drain_reports()  # a child blocked on a full pipe would never exit
-            if not any(proc.is_alive() for proc in self.processes.values()):
-                break
             time.sleep(0.05)
         # The slow ones all at once: a few seconds in all, not a few per child.
         slow = {child: proc for child, proc in self.processes.items() if proc.is_alive()}
@@ -348,14 +359,14 @@ class Launcher:
             named = ", ".join(f"{child.title} (pid {proc.pid})" for child, proc in slow.items())
             them = "it" if len(slow) == 1 else "them"
             self.log.warning(f"{named} did not stop in time; terminating {them}")
-        for proc in slow.values():
-            proc.terminate()
-        self._join_all(slow.values(), 3.0)
-        for proc in slow.values():
-            if proc.is_alive():
-                proc.kill()
-        # 10 s: one stuck in the kernel (a hung GPU driver) may not go even then.
-        self._join_all(slow.values(), 10.0)
+        # SIGTERM, then SIGKILL. 10 s: one stuck in the kernel (a hung GPU driver) may not go.
+        for end, seconds in ((BaseProcess.terminate, 3.0), (BaseProcess.kill, 10.0)):
+            for proc in slow.values():
+                if proc.is_alive():
+                    end(proc)
+            deadline = time.monotonic() + seconds
+            for proc in slow.values():
+                proc.join(max(0.0, deadline - time.monotonic()))
         for child, proc in slow.items():
             if proc.is_alive():
                 self.log.error(
@@ -364,13 +375,6 @@ class Launcher:
         self.drain_reports()
         for title, (cause, _) in self.pending_causes.items():
             self.log.error(f"{title} also failed: {cause}")
-
-    @staticmethod
-    def _join_all(processes: Iterable[mp.process.BaseProcess], seconds: float) -> None:
-        """Wait for `processes` to exit, `seconds` at most in all."""
-        deadline = time.monotonic() + seconds
-        for proc in processes:
-            proc.join(max(0.0, deadline - time.monotonic()))
 
     def weights_left(self) -> set[Path]:
         """The files of weights this run left, for its record to name (`RunMonitor.close`)."""
@@ -393,17 +397,9 @@ class Launcher:
         else:
             self.log.info(f"training curve in {self.paths.curve}")
 
-    @contextlib.contextmanager
-    def signals_caught(self) -> Iterator[None]:
+    def signals_caught(self) -> contextlib.AbstractContextManager[None]:
         """SIGINT and SIGTERM stop the run (`_on_signal`) inside, as they did before outside."""
-        handlers = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
-            yield
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+        return signal_handled(self._on_signal, signal.SIGINT, signal.SIGTERM)
 
     def run(self) -> int:
         """Start, supervise, shut down; returns the exit code (`main`'s)."""
@@ -418,15 +414,12 @@ class Launcher:
         """
         if self.monitor.record:
             return
+        paths, resumed, earlier = self.paths, self.resumed is not None, self.earlier_logs
         try:
             self.monitor.open(
-                resumed_from=None if self.resumed is None else str(self.paths.load_state),
-                weights_from=str(self.paths.load_model)
-                if self.config.load and self.resumed is None
-                else None,
-                earlier_record=None
-                if self.earlier_logs is None
-                else self.earlier_logs / self.paths.record.name,
+                resumed_from=str(paths.load_state) if resumed else None,
+                weights_from=str(paths.load_model) if self.config.load and not resumed else None,
+                earlier_record=None if earlier is None else earlier / paths.record.name,
             )
         except OSError as err:
             raise UsageError(
@@ -445,7 +438,8 @@ class Launcher:
         try:
             if not self.ctx.stopping():  # a cluster's nodes started, then a signal: none here
                 self.start()
-            where = describe_devices(self.config.gpu_ids)
+            gpu_ids = self.config.gpu_ids
+            where = "CPU" if list(gpu_ids) == [-1] else "GPU " + ", ".join(map(str, gpu_ids))
             self.log.info(
                 f"training {self.config.env} with {count_of(self.config.workers, 'worker')}"
                 + ("" if self.workers else " per node")
@@ -461,43 +455,27 @@ class Launcher:
         # A final save that failed lost data: scripts must see it, though nothing crashed.
         exit_code = 1 if self.failed or not (self.final_saved and self.state_saved) else 0
         try:
-            self.monitor.close(
-                self.stop_reason or "done",
-                exit_code,
-                weights=sorted(self.weights_left()),
-            )
+            self.monitor.close(self.stop_reason or "done", exit_code, sorted(self.weights_left()))
         except OSError as err:
             self.log.error(f"could not complete the run record {self.paths.record} ({err})")
             exit_code = 1
         self.write_curve()
-        steps = self.ctx.total_steps()
-        message = (
-            f"stopped: {self.stop_reason or 'done'}; {steps} steps in "
-            f"{format_elapsed(time.time() - self.ctx.start_time)}; "
-            + (
-                "nothing saved (untrained when the stop came)"
-                if self.trained_nothing()
-                else f"model saved to {self.paths.final_model}"
-                if self.final_saved
-                else f"model NOT saved to {self.paths.final_model} (see the error above)"
-            )
-            + (
-                ""
-                if self.state_saved
-                else f"; training state NOT saved to {self.paths.state} (see the error above)"
-            )
-        )
-        if exit_code:
-            self.log.error(message)
+        if self.trained_nothing():
+            saved = "nothing saved (untrained when the stop came)"
+        elif self.final_saved:
+            saved = f"model saved to {self.paths.final_model}"
         else:
-            self.log.info(message)
+            saved = f"model NOT saved to {self.paths.final_model} (see the error above)"
+        if not self.state_saved:
+            saved += f"; training state NOT saved to {self.paths.state} (see the error above)"
+        elapsed = format_elapsed(time.time() - self.ctx.start_time)
+        self.log.log(
+            logging.ERROR if exit_code else logging.INFO,
+            f"stopped: {self.stop_reason or 'done'}; {self.ctx.total_steps()} steps in "
+            f"{elapsed}; {saved}",
+        )
         return exit_code
 
 
 # Begins the shutdown's line: later status lines make no frames (the benchmarks stop there).
 STOPPING = "stopping: "
-
-
-def describe_devices(gpu_ids: tuple[int, ...]) -> str:
-    """``CPU`` or ``GPU 0, 1``."""
-    return "CPU" if list(gpu_ids) == [-1] else "GPU " + ", ".join(map(str, gpu_ids))

@@ -1,8 +1,4 @@
-"""A3G: parse the configuration, plan the run folder, build and share the model, run.
-
-`prepare` checks all that can fail on bad input before any process starts, builds the
-shared-memory model and optimizer, and hands them to the `launcher.Launcher`.
-"""
+"""A3G: parse the configuration, plan the run folder, build and share the model, run."""
 
 from __future__ import annotations
 
@@ -18,14 +14,13 @@ import dataclasses
 import logging
 
 import torch
+from torch import nn
 
 import run_folder
 from checkpoint import release_run_locks
 from cli import TrainConfig, parse_train_args
-from environment import EnvSpec, make_env, protocol, short_episode_warning
-from launcher import Launcher
-from model import build_model
-from shared_optim import make_optimizer
+from environment import EnvSpec, protocol, short_episode_warning
+from launcher import Launcher, share_model
 from utils import (
     INTERRUPTED_EXIT,
     UsageError,
@@ -49,31 +44,17 @@ def prepare(config: TrainConfig, cluster: bool = False) -> Launcher:
     run = run_folder.plan(config, cluster=cluster)
     config = dataclasses.replace(config, hidden_size=run.hidden_size)  # the file's, if --load
     spec = EnvSpec.of(config)  # config.json read once, here
-    env = make_env(spec)
-    observation_space, action_space = env.observation_space, env.action_space
-    env.close()
 
-    torch.manual_seed(config.seed)
-    shared_model = build_model(observation_space, action_space, config.hidden_size)
-    optimizer = None
-    if config.shared_optimizer and not cluster:
-        optimizer = make_optimizer(
-            shared_model.parameters(), config.optimizer, config.lr, config.amsgrad, config.workers
-        )
-    run_folder.load(run, config, shared_model, optimizer, log, cluster=cluster)
-    shared_model.share_memory()
-    if optimizer is not None:
-        optimizer.share_memory()
+    def load(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        run_folder.load(run, config, model, optimizer, log, cluster=cluster)
+
+    shared = share_model(config, spec, 0 if cluster else config.workers, load)
     run_folder.apply(run, log)
     played = protocol(config.env, config.frame_skip, config.max_episode_length)
     short = short_episode_warning(played)
     if short is not None:
         log.warning(short)
-    return Launcher(
-        config, run.paths, spec, shared_model, optimizer, observation_space.shape,
-        run.tensorboard_dir, run.state, workers=0 if cluster else None,
-        earlier_logs=run.earlier_logs,
-    )  # fmt: skip
+    return Launcher(config, spec, shared, run, workers=0 if cluster else None)
 
 
 STOPPED_BEFORE_TRAINING = "main.py: stopped before training started"

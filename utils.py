@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from checkpoint import TrainingState
 
 
 class UsageError(ValueError):
@@ -178,24 +181,22 @@ class ProcessContext:
         cls,
         mp_context: Any,
         max_steps: int = 0,
-        steps: int = 0,
-        elapsed: float = 0.0,
-        skipped: int = 0,
         slots: int = 1,
+        resumed: TrainingState | None = None,
     ) -> ProcessContext:
         """Make the shared objects from a multiprocessing context; the clock starts now.
 
-        The context returned counts in slot 0 and reports nowhere; children get theirs from
-        `for_child`.
+        Counts and time go on from `resumed`'s. The context returned counts in slot 0 and
+        reports nowhere; children get theirs from `for_child`.
         """
         return cls(
             stop_flag=mp_context.RawValue("b", 0),
             steps=mp_context.RawArray("q", slots),
             skipped=mp_context.RawArray("q", slots),
-            base_steps=steps,
-            base_skipped=skipped,
+            base_steps=0 if resumed is None else resumed.steps,
+            base_skipped=0 if resumed is None else resumed.skipped_updates,
             max_steps=max_steps,
-            start_time=time.time() - elapsed,
+            start_time=time.time() - (0.0 if resumed is None else resumed.elapsed),
             parent_pid=os.getpid(),
         )
 
@@ -205,10 +206,9 @@ class ProcessContext:
 
     def report(self, kind: str, payload: dict[str, Any]) -> None:
         """Send a summary to the launcher (dropped where none listens, or it is gone)."""
-        if self.reports is None:
-            return
-        with contextlib.suppress(OSError):  # the launcher is gone: stopping() says so next
-            self.reports.send((kind, payload))
+        if self.reports is not None:
+            with contextlib.suppress(OSError):  # the launcher is gone: stopping() says so next
+                self.reports.send((kind, payload))
 
     def total_steps(self) -> int:
         """Agent steps taken by all workers so far (a sum of slots: no lock)."""
@@ -271,10 +271,7 @@ class ReportChannels:
         self.readers: dict[Any, Any] = {}
 
     def open(self, key: Any, ctx: ProcessContext, slot: int) -> ProcessContext:
-        """A new pipe for the child `key` (replacing a dead one's); returns the child's context.
-
-        Call `started` with that context once the child has started.
-        """
+        """A new pipe for child `key`, replacing a dead one's; returns the child's context."""
         self.close(key)
         reader, writer = self.mp.Pipe(duplex=False)
         self.readers[key] = reader
@@ -282,10 +279,7 @@ class ReportChannels:
 
     @staticmethod
     def started(child_ctx: ProcessContext) -> None:
-        """Close the launcher's copy of the child's end: the child now holds the only one.
-
-        Then the reader sees the end of the pipe when the child dies, even mid-message.
-        """
+        """Close the launcher's copy of a started child's end, so its death ends the pipe."""
         child_ctx.reports.close()
 
     def receive(self, key: Any | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
@@ -296,9 +290,7 @@ class ReportChannels:
         readers = [(k, r) for k, r in self.readers.items() if key is None or k == key]
         ready = mp_connection.wait([reader for _, reader in readers], timeout=0)
         received = []
-        for child, reader in readers:
-            if reader not in ready:
-                continue
+        for child, reader in [(k, r) for k, r in readers if r in ready]:
             try:
                 for _ in range(self.MAX_REPORTS_PER_CALL):
                     if not reader.poll():
@@ -318,49 +310,50 @@ class ReportChannels:
 
 
 @contextlib.contextmanager
-def sigterm_interrupts(exits: bool = False) -> Iterator[None]:
+def signal_handled(handler: Any, *signums: int) -> Iterator[None]:
+    """Inside, `handler` takes the signals `signums`; after, the handlers they had again.
+
+    Outside the main thread (a Ray actor's) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    for signum in signums:
+        signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, current in previous.items():
+            signal.signal(signum, current)
+
+
+def sigterm_interrupts(exits: bool = False) -> contextlib.AbstractContextManager[None]:
     """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so what is done is kept.
 
     `timeout`, schedulers and ``docker stop`` send SIGTERM to the process alone: its clean-up
     then stops its children. With `exits`, it raises ``SystemExit(143)`` instead, and only
     where SIGTERM would kill the process at once: a handler of the process's own stays.
-    Outside the main thread, or where SIGTERM is ignored, it does nothing.
+    Where SIGTERM is ignored, it does nothing.
     """
-    current = signal.getsignal(signal.SIGTERM)
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or current is signal.SIG_IGN
-        or (exits and current is not signal.SIG_DFL)
-    ):
-        yield
-        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum) if exits else KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    current = signal.getsignal(signal.SIGTERM)
+    if current is signal.SIG_IGN or (exits and current is not signal.SIG_DFL):
+        return contextlib.nullcontext()
+    return signal_handled(interrupt, signal.SIGTERM)
 
 
-@contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
+def sigint_ignored() -> contextlib.AbstractContextManager[None]:
     """Start a child in the block: it inherits an ignored SIGINT.
 
     An ignored disposition survives ``exec``; a handler would become Python's default, whose
     KeyboardInterrupt prints a traceback from a child still starting up. A Ctrl-C inside the
-    block is lost. Outside the main thread (a Ray actor's) it does nothing.
+    block is lost.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return signal_handled(signal.SIG_IGN, signal.SIGINT)
 
 
 @contextlib.contextmanager

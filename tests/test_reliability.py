@@ -1216,7 +1216,7 @@ def test_each_start_of_a_child_is_given_its_own_seeds(tmp_path):
 
     def quick_target(child: Child, ctx: ProcessContext) -> tuple:
         args = Launcher.process_target(launcher, child, ctx)[1]
-        given.append((child, args[0].start if child.is_test else args[-1]))
+        given.append((child, args[0].start if child.rank is None else args[-1]))
         return _exit_with, (0,)
 
     launcher.process_target = quick_target

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch.multiprocessing as mp
 
+from checkpoint import TrainingState
 from utils import ProcessContext, ReportChannels, child_process, setup_logger, sigint_ignored
 
 # -- logging -----------------------------------------------------------------------------------
@@ -83,7 +84,8 @@ def test_step_counter_and_budget():
 
 
 def test_counters_sum_every_slot_and_a_resumed_base():
-    ctx = ProcessContext.create(mp.get_context("spawn"), steps=1000, skipped=2, slots=3)
+    resumed = TrainingState(model={}, steps=1000, skipped_updates=2)
+    ctx = ProcessContext.create(mp.get_context("spawn"), slots=3, resumed=resumed)
     workers = [ctx.for_child(rank, None) for rank in range(3)]
     for rank, worker in enumerate(workers):
         worker.add_steps(10 * (rank + 1))
