@@ -502,7 +502,7 @@ def release_run_locks() -> None:
     while _held_run_locks:
         path, fd = _held_run_locks.popitem()
         with contextlib.suppress(OSError):
-            path.unlink()  # while still locked: a run that opened it meanwhile opens afresh
+            path.unlink()  # removed while still locked
         os.close(fd)
 
 
