@@ -29,8 +29,8 @@ from torch import nn
 
 from cli import TrainConfig
 from environment import EnvSpec
-from utils import UsageError, check_gpus, check_precision, count_of
-from validate import host_port
+from utils import UsageError, count_of
+from validate import check_gpus, check_precision, host_port
 
 if TYPE_CHECKING:
     from launcher import Launcher

@@ -55,7 +55,6 @@ from run_folder import training_record
 from utils import (
     INTERRUPTED_EXIT,
     UsageError,
-    check_gpus,
     check_writable,
     refuse_folders_named_as,
     run_script,
@@ -65,6 +64,7 @@ from utils import (
     sigterm_interrupts,
     worker_device,
 )
+from validate import check_gpus
 from visualize import write_gif
 
 ATARI_HZ = 60  # emulator frames a second of an Atari game

@@ -24,12 +24,11 @@ from launcher import Launcher, share_model
 from utils import (
     INTERRUPTED_EXIT,
     UsageError,
-    check_gpus,
-    check_precision,
     run_script,
     say_error,
     sigterm_interrupts,
 )
+from validate import check_gpus, check_precision
 
 
 def prepare(config: TrainConfig, cluster: bool = False) -> Launcher:

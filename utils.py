@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from pathlib import Path
@@ -378,33 +378,6 @@ def child_process(title: str, ctx: ProcessContext) -> Iterator[None]:
         sys.exit(FATAL_EXIT if isinstance(err, FatalRunError | UsageError) else 1)
 
 
-def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
-    """Reject GPU ids that do not exist here (-1 alone means the CPU); `flag` named them.
-
-    Raises:
-        UsageError: CUDA is unavailable, or an id is out of range.
-    """
-    if list(gpu_ids) == [-1]:
-        return
-    given = f"{flag} {' '.join(map(str, gpu_ids))}"
-    if any(gpu_id < 0 for gpu_id in gpu_ids):
-        raise UsageError(
-            f"{given}: GPU ids are 0 and up, and -1 (alone) means the CPU; pass one or the other"
-        )
-    if not torch.cuda.is_available():
-        raise UsageError(
-            f"{given} asks for a GPU but CUDA is not available here; drop {flag} (or pass -1) "
-            "to run on the CPU"
-        )
-    count = torch.cuda.device_count()
-    for gpu_id in gpu_ids:
-        if not 0 <= gpu_id < count:
-            raise UsageError(
-                f"{flag} names GPU {gpu_id}, but this machine has {count} "
-                f"(ids 0..{count - 1}); pass ids from that range"
-            )
-
-
 def refuse_folders_named_as(*files: tuple[Path, str]) -> None:
     """Refuse a command where a folder has the name of a file it saves (``(file, flag)`` pairs).
 
@@ -452,33 +425,6 @@ def check_writable(*folders: tuple[str | Path, str]) -> None:
 def cpu_has_bf16() -> bool:
     """Whether oneDNN has bfloat16 kernels for this CPU (AVX512-BF16 or AMX on x86)."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
-    """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
-
-    Call after `check_gpus`. A GPU needs compute capability 8.0+ (Ampere, Hopper, ...): older
-    ones emulate bf16 slowly. The capability comes from the device's properties, which creates
-    no CUDA context (that would hold memory on every GPU for the whole run).
-
-    Raises:
-        UsageError: bf16 asked for and not supported here.
-    """
-    if precision != "bf16":
-        return
-    if list(gpu_ids) == [-1]:
-        if not cpu_has_bf16():
-            raise UsageError(
-                "--precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), "
-                "and this one has none; use --precision fp32"
-            )
-        return
-    for gpu_id in gpu_ids:
-        if torch.cuda.get_device_capability(gpu_id) < (8, 0):
-            raise UsageError(
-                f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
-                f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
-            )
 
 
 def worker_device(gpu_id: int) -> torch.device:

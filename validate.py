@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+import utils
 from environment import ATARI_ENTRY_POINT, MAX_EPISODE_FRAMES, episode_frames, lookup_spec
 from utils import UsageError, require_at_least
 
@@ -301,3 +304,60 @@ def _env_problems(problems: list[str], config: CommonConfig) -> None:
             f"{config.env} is {frames:,} frames, more than ALE counts ({MAX_EPISODE_FRAMES:,}); "
             f"give --max-episode-length {MAX_EPISODE_FRAMES // step_frames} or less"
         )
+
+
+# Flags against this machine's hardware: run where the processes run, not at parsing
+
+
+def check_gpus(gpu_ids: Sequence[int], flag: str = "--gpu-ids") -> None:
+    """Reject GPU ids that do not exist here (-1 alone means the CPU); `flag` named them.
+
+    Raises:
+        UsageError: CUDA is unavailable, or an id is out of range.
+    """
+    if list(gpu_ids) == [-1]:
+        return
+    given = f"{flag} {' '.join(map(str, gpu_ids))}"
+    if any(gpu_id < 0 for gpu_id in gpu_ids):
+        raise UsageError(
+            f"{given}: GPU ids are 0 and up, and -1 (alone) means the CPU; pass one or the other"
+        )
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"{given} asks for a GPU but CUDA is not available here; drop {flag} (or pass -1) "
+            "to run on the CPU"
+        )
+    count = torch.cuda.device_count()
+    for gpu_id in gpu_ids:
+        if not 0 <= gpu_id < count:
+            raise UsageError(
+                f"{flag} names GPU {gpu_id}, but this machine has {count} "
+                f"(ids 0..{count - 1}); pass ids from that range"
+            )
+
+
+def check_precision(precision: str, gpu_ids: Sequence[int]) -> None:
+    """Reject ``--precision bf16`` where the hardware lacks bfloat16 arithmetic.
+
+    Call after `check_gpus`. A GPU needs compute capability 8.0+ (Ampere, Hopper, ...): older
+    ones emulate bf16 slowly. The capability comes from the device's properties, which creates
+    no CUDA context (that would hold memory on every GPU for the whole run).
+
+    Raises:
+        UsageError: bf16 asked for and not supported here.
+    """
+    if precision != "bf16":
+        return
+    if list(gpu_ids) == [-1]:
+        if not utils.cpu_has_bf16():  # by the module: tests stand in for it
+            raise UsageError(
+                "--precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), "
+                "and this one has none; use --precision fp32"
+            )
+        return
+    for gpu_id in gpu_ids:
+        if torch.cuda.get_device_capability(gpu_id) < (8, 0):
+            raise UsageError(
+                f"--precision bf16 needs bfloat16 on GPU {gpu_id} "
+                f"({torch.cuda.get_device_name(gpu_id)}), which lacks it; use --precision fp32"
+            )

@@ -35,7 +35,8 @@ from checkpoint import write_json_atomic  # noqa: E402
 from cli import TrainConfig  # noqa: E402
 from fast_path import BACKWARD_CHUNK  # noqa: E402
 from model import A3Clstm  # noqa: E402
-from utils import UsageError, check_precision  # noqa: E402
+from utils import UsageError  # noqa: E402
+from validate import check_precision  # noqa: E402
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -36,7 +36,8 @@ from environment import EnvSpec, make_env  # noqa: E402
 from model import build_model  # noqa: E402
 from shared_optim import make_optimizer  # noqa: E402
 from train import run_worker  # noqa: E402
-from utils import ProcessContext, UsageError, check_gpus, check_precision  # noqa: E402
+from utils import ProcessContext, UsageError  # noqa: E402
+from validate import check_gpus, check_precision  # noqa: E402
 
 PHASES = ("sync", "act+env", "replay", "loss", "backward", "optimizer", "report")
 """The worker loop's laps (`train.run_worker`); "replay" builds the `Rollout`, bootstrap too."""

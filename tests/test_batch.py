@@ -28,7 +28,8 @@ from tests.conftest import (
 )
 from tests.test_train import every_parameter_changed, loss_rollout, worker_losses
 from train import a3c_loss
-from utils import UsageError, check_precision
+from utils import UsageError
+from validate import check_precision
 
 # -- the masked loss ----------------------------------------------------------------------------
 

@@ -235,6 +235,7 @@ def test_bf16_on_gpus_is_judged_by_capability_without_a_cuda_context(
     import torch
 
     import utils
+    import validate
 
     def no_context(*_args, **_kwargs):
         raise AssertionError("torch.cuda.device() creates a context on the GPU for the whole run")
@@ -243,10 +244,10 @@ def test_bf16_on_gpus_is_judged_by_capability_without_a_cuda_context(
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda gpu_id: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu_id: "Tesla T4")
     if allowed:
-        utils.check_precision("bf16", [0, 1])
+        validate.check_precision("bf16", [0, 1])
     else:
         with pytest.raises(utils.UsageError, match=r"bfloat16 on GPU 0 \(Tesla T4\), which lacks"):
-            utils.check_precision("bf16", [0, 1])
+            validate.check_precision("bf16", [0, 1])
 
 
 def _report_sigint(results, name: str) -> None:
