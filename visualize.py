@@ -249,15 +249,18 @@ def training_games(record_path: str | Path) -> list[list[float]]:
     except (OSError, ValueError):
         return []
     games: list[list[float]] = []
+    before: list[list[float]] = []  # the sitting before's own games, as it counted them
+    frames = seconds = 0.0  # what a sitting that counts afresh is shifted by
     for sitting in [*record.get("previous_runs", []), record]:
         own = (sitting.get("training_games") or {}).get("games") or []
-        if own[: len(games)] == games:  # resumed: the earlier games and its own
-            games = list(own)
-        elif own and own[0][0] < games[-1][0]:  # counts afresh
-            frames, seconds = games[-1][0], games[-1][1]
-            games += [[f + frames, t + seconds, score, n] for f, t, score, n in own]
+        if before and own[: len(before)] == before:  # resumed: the earlier games, then its own
+            fresh = own[len(before) :]
         else:
-            games += own
+            fresh = own
+            if own and games and own[0][0] < games[-1][0]:  # counts afresh from a .dat alone
+                frames, seconds = games[-1][0], games[-1][1]
+        games += [[f + frames, t + seconds, score, n] for f, t, score, n in fresh]
+        before = own or before
     return games
 
 

@@ -713,16 +713,15 @@ def test_training_games_follow_the_record_chain(tmp_path):
     first = [[100, 10.0, 5.0, 30], [200, 20.0, 7.0, 40]]
     resumed = [*first, [300, 30.0, 9.0, 50]]  # resumed from the state: the earlier games too
     afresh = [[50, 5.0, 11.0, 60]]  # started from the .dat alone: counts from 0 again
+    again = [*afresh, [80, 8.0, 13.0, 70]]  # resumed from that sitting's state
+    sittings = [first, resumed, afresh]
     record = {
-        "previous_runs": [
-            {"training_games": {"games": first}},
-            {"training_games": {"games": resumed}},
-        ],
-        "training_games": {"games": afresh},
+        "previous_runs": [{"training_games": {"games": games}} for games in sittings],
+        "training_games": {"games": again},
     }
     path = tmp_path / "Pong_run.json"
     path.write_text(json.dumps(record))
-    assert training_games(path) == [*resumed, [350, 35.0, 11.0, 60]]
+    assert training_games(path) == [*resumed, [350, 35.0, 11.0, 60], [380, 38.0, 13.0, 70]]
     assert training_games(tmp_path / "missing_run.json") == []
 
 
