@@ -315,15 +315,15 @@ class TrainingState:
         if (test_normalizer := layout.pop("test_normalizer")) is not None:
             normalizers["test"] = test_normalizer
         rewards = [float(r) for r in self.test_rewards]
-        best = {
-            "games": len(rewards),
-            "reward_total": sum(rewards),
-            "best": max(rewards, default=0),
-        }
+        summary = (
+            {"games": len(rewards), "reward_total": sum(rewards), "best": max(rewards)}
+            if rewards
+            else {}
+        )
         layout.update(
             format=STATE_FORMAT,
             test_rewards=rewards,
-            test=best if rewards else {},
+            test=summary,
             training_games=[list(game) for game in self.training_games],
             normalizers=normalizers,
         )

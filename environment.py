@@ -463,7 +463,7 @@ class NormalizedEnv(gym.ObservationWrapper):
         alpha = self.alpha
         self.state_mean = self.state_mean * alpha + float(observation.mean()) * (1 - alpha)
         self.state_std = self.state_std * alpha + float(observation.std()) * (1 - alpha)
-        correction = 1 - self.alpha**self.num_steps
+        correction = 1 - alpha**self.num_steps
         mean = self.state_mean / correction
         std = self.state_std / correction
         return ((observation - mean) / (std + 1e-8)).astype(np.float32)
@@ -512,7 +512,7 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     """Build `spec`'s env: the Atari stack for ALE games, `vector_env` otherwise.
 
     Raises:
-        UsageError: see `atari_env` and `vector_env`.
+        UsageError: `vector_env`'s: a missing package, or spaces A3G cannot use.
     """
     build = atari_env if is_atari(spec.env_id) else vector_env
     return build(spec, render_mode)
@@ -525,9 +525,6 @@ def atari_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     episodic life, fire reset, rescale, normalise. Where ALE skips frames itself
     (``ALE/*-v5``) an agent-step time limit replaces the first three. The spec's values are
     taken as `validate` passed them.
-
-    Raises:
-        UsageError: an id with other than RGB observations.
     """
     env_id, length, skip = spec.env_id, spec.max_episode_length, spec.skip_rate
     registered = lookup_spec(env_id).kwargs

@@ -593,17 +593,20 @@ def main(argv: list[str] | None = None) -> int:
         check_gpus([args.gpu_id], "--gpu-id")
         if evaluate(args)["interrupted"]:
             return INTERRUPTED_EXIT
-    except KeyboardInterrupt as err:
-        if not isinstance(err, NoGameEnded):  # before the games began: the log may not exist
-            print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
+    except NoGameEnded:  # the log said so, on the terminal too
         return INTERRUPTED_EXIT
-    except (UsageError, gym.error.DependencyNotInstalled) as err:
-        if not isinstance(err, UsageError):  # drawing the game needs a package not installed
-            err = UsageError(
-                f"drawing {args.env} needs a package that is not installed ({err}); install it, "
-                "or drop --demo/--new-gym-eval/--render"
-            )
+    except KeyboardInterrupt:  # before the games began (the log may not exist yet)
+        print("gym_eval.py: interrupted; no summary saved", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    except UsageError as err:
         say_error("gym_eval.py", err)
+        return 2
+    except gym.error.DependencyNotInstalled as err:
+        print(
+            f"gym_eval.py: error: drawing {args.env} needs a package that is not installed "
+            f"({err}); install it, or drop --demo/--new-gym-eval/--render",
+            file=sys.stderr,
+        )
         return 2
     except EvaluationProcessError as err:  # a game process died or failed: no summary
         print(f"{err.details}gym_eval.py: error: {err}; no summary saved", file=sys.stderr)
