@@ -264,6 +264,28 @@ def training_games(record_path: str | Path) -> list[list[float]]:
     return games
 
 
+def training_means(
+    games: list[list[float]], at: float | None = None, window: int = 100, span: float = 4e6
+) -> tuple[int, float, float]:
+    """The workers' games by `at` frames (default: the last game's): count, last, spread.
+
+    `last` is the mean of the last `window` games; `spread`, that rolling mean averaged over 101
+    points of the last `span` frames: the published peers' measure (SLM-Lab averages its
+    rolling 100-game training mean over the checkpoints of a run's last 1M agent steps, 4M
+    frames). Points before the first full window are left out of it (NaN where none is full).
+    """
+    frames = np.asarray([game[0] for game in games], dtype=np.float64)
+    at = frames[-1] if at is None else at
+    count = int(np.searchsorted(frames, at, side="right"))
+    if count < window:
+        return count, math.nan, math.nan
+    rolling = moving_average([game[2] for game in games[:count]], window)
+    ends = np.searchsorted(frames[:count], np.linspace(at - span, at, 101), side="right")
+    full = ends[ends >= window]
+    spread = float(rolling[full - 1].mean()) if len(full) else math.nan
+    return count, float(rolling[-1]), spread
+
+
 def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window: int = 20) -> Path:
     """Write a PNG of the scores against frames and wall time, from a log or a run's sittings.
 
@@ -607,9 +629,11 @@ def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``curve``, ``view``, ``milestone`` and ``table`` subcommands."""
+    """The ``curve``, ``view``, ``milestone``, ``training`` and ``table`` subcommands."""
     p = OneLineParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="{curve,view,milestone,table}")
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="{curve,view,milestone,training,table}"
+    )
     curve = sub.add_parser("curve", help="PNG of the scores vs frames and wall time from a log")
     curve.add_argument(
         "log",
@@ -640,6 +664,13 @@ def build_parser() -> argparse.ArgumentParser:
         "400 for Breakout, 475 for CartPole)",
     )
     milestone.add_argument("--window", type=int, default=10, help="games in the mean (10)")
+    training = sub.add_parser(
+        "training", help="the workers' own games by a frame count: the peers' measures"
+    )
+    training.add_argument("record", help="a run record, <log-dir><env>_run.json")
+    training.add_argument(
+        "--at", type=float, help="frames the measures stop at (default: the last game's)"
+    )
     table = sub.add_parser("table", help="markdown results table from gym_eval JSON summaries")
     table.add_argument("summaries", nargs="+", help="<log-dir><env>_eval.json files")
     return p
@@ -674,6 +705,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"log {names} has no finished test game yet")
             for reward in args.reward:
                 print(describe_milestone(games, reward, args.window))
+        elif args.command == "training":
+            games = training_games(args.record)
+            if not games:
+                raise UsageError(f"run record {args.record!r} holds no training game")
+            count, last, spread = training_means(games, args.at)
+            at = f"{args.at if args.at is not None else games[-1][0]:,.0f}"
+            print(f"{count:,} training games by {at} frames")
+            print(f"the last 100: mean {last:.1f}")
+            print(f"their rolling mean over the last 4M frames (SLM-Lab's measure): {spread:.1f}")
         else:
             print(results_table(args.summaries))
     except UsageError as err:

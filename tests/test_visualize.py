@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -723,6 +724,34 @@ def test_training_games_follow_the_record_chain(tmp_path):
     path.write_text(json.dumps(record))
     assert training_games(path) == [*resumed, [350, 35.0, 11.0, 60], [380, 38.0, 13.0, 70]]
     assert training_games(tmp_path / "missing_run.json") == []
+
+
+def test_the_peers_measures_average_the_last_100_games_and_that_mean_over_4m_frames(
+    tmp_path, capsys
+):
+    import visualize
+    from visualize import training_means
+
+    # Game i ends at 100,000 x i frames and scores i: 200 games, 20M frames.
+    games = [[100_000.0 * i, 10.0 * i, float(i), 100] for i in range(1, 201)]
+    count, last, spread = training_means(games)
+    assert (count, last) == (200, 150.5)  # games 101..200
+    # 101 points over 16M-20M frames: games 160..200 end there, each mean 100 games back.
+    ends = [int(16e6 + 40_000 * k) // 100_000 for k in range(101)]
+    assert spread == pytest.approx(sum(end - 49.5 for end in ends) / 101)
+    count, last, spread = training_means(games, at=10_050_000)
+    assert (count, last) == (100, 50.5)
+    assert spread == pytest.approx(50.5)  # the one point with 100 games done: the last
+    count, last, spread = training_means(games, at=9e6)
+    assert count == 90 and math.isnan(last) and math.isnan(spread)
+
+    record = tmp_path / "Pong_run.json"
+    record.write_text(json.dumps({"training_games": {"games": games}}))
+    assert visualize.main(["training", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "200 training games by 20,000,000 frames" in out and "mean 150.5" in out
+    assert visualize.main(["training", str(tmp_path / "none_run.json")]) == 2
+    assert "holds no training game" in capsys.readouterr().err
 
 
 def test_the_curve_draws_the_workers_games_from_the_record_beside_the_log(tmp_path):
