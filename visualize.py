@@ -447,29 +447,30 @@ def write_gif(frames: list[np.ndarray], out: str | Path, fps: float = 15) -> Pat
 # Results table
 
 
-def describe_protocol(protocol: dict[str, Any] | None, full: bool = True) -> str:
-    """A results-table cell for a protocol dict (or None); not `full`: sticky actions only."""
+def protocol_parts(protocol: dict[str, Any] | None) -> tuple[str, str]:
+    """A protocol dict's (or None's) results-table cell, its sticky actions, and the rest.
+
+    The rest (frame skip, no-op starts, cap, a stall cut) goes under the table, once for the
+    rows that share it.
+    """
     if not protocol:
-        return "?"
+        return "?", "?"
     stall = protocol.get("stall_steps")
-    stalled = f", games cut after {stall:,} steps without a reward" if stall and full else ""
+    tail = [f"cap {protocol['episode_cap_steps']:,} steps"]
+    tail += [f"games cut after {stall:,} steps without a reward"] if stall else []
     if "repeat_action_probability" not in protocol:  # `environment.protocol` outside Atari
-        if not full:
-            return "(not an ALE game)"
-        return f"not an ALE game, cap {protocol['episode_cap_steps']:,} steps{stalled}"
+        return "not an ALE game", ", ".join(tail)
     sticky = protocol["repeat_action_probability"]
-    parts = [f"sticky {sticky:g}" if sticky else "deterministic"]
-    if full:
-        skip = protocol.get("frame_skip")
-        if skip is not None:
-            skip_text = f"{skip[0]}-{skip[1]}" if isinstance(skip, list) else str(skip)
-            pooled = " max-pooled" if protocol.get("max_pool_frames") else ""
-            parts.append(f"skip {skip_text}{pooled}")
-        noops = protocol.get("noop_starts")
-        if noops is not None:
-            parts.append(f"1-{noops} no-op starts" if noops else "no no-op starts")
-        parts.append(f"cap {protocol['episode_cap_steps']:,} steps")
-    return ", ".join(parts) + stalled
+    rest = []
+    skip = protocol.get("frame_skip")
+    if skip is not None:
+        skip_text = f"{skip[0]}-{skip[1]}" if isinstance(skip, list) else str(skip)
+        pooled = " max-pooled" if protocol.get("max_pool_frames") else ""
+        rest.append(f"skip {skip_text}{pooled}")
+    noops = protocol.get("noop_starts")
+    if noops is not None:
+        rest.append(f"1-{noops} no-op starts" if noops else "no no-op starts")
+    return (f"sticky {sticky:g}" if sticky else "deterministic"), ", ".join(rest + tail)
 
 
 # Left out of a results row's command: they change nothing trained, and name a machine's folders.
@@ -561,7 +562,8 @@ SUMMARY_KEYS = {"env", "mean", "std", "best", "games"}  # what a results row nee
 def results_table(paths: list[str | Path]) -> str:
     """The README's results table from `gym_eval.py` JSON summaries, one row per file.
 
-    Under the table, each row's training command, with the flags its later parts changed.
+    Under the table, the evaluations' frame skip, no-op starts and cap, once for the rows that
+    share them, then each row's training command, with the flags its later parts changed.
     """
     rows = [
         "| game | score ± std (100 games) | evaluated under | trained under | frames | hours "
@@ -569,6 +571,7 @@ def results_table(paths: list[str | Path]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     commands: list[str] = []
+    protocols: dict[str, list[str]] = {}  # the rest of each evaluation's protocol: its rows
     for path in paths:
         wanted = "pass <log-dir><env>_eval.json files"
         text = _read_text(path, "eval summary", wanted)
@@ -581,20 +584,29 @@ def results_table(paths: list[str | Path]) -> str:
         if not isinstance(summary, dict) or not summary.keys() >= SUMMARY_KEYS:
             raise UsageError(f"{str(path)!r} is not a gym_eval.py summary; {wanted}")
         try:
-            row, command = _results_row(summary)
+            row, command, rest = _results_row(summary)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             raise UsageError(
                 f"{str(path)!r} is not a gym_eval.py summary this version reads ({err!r}); "
                 "evaluate the model again to remake it"
             ) from None
         rows.append(row)
+        if rest != "?":
+            protocols.setdefault(rest, []).append(str(len(rows) - 2))
         if command not in commands:  # two protocols' rows of one run: its command once
             commands.append(command)
-    return "\n".join([*rows, "", "Trained with:", "", *commands])
+    if len(protocols) == 1:
+        evaluated = [f"Every game: {next(iter(protocols))}.", ""]
+    else:
+        evaluated = [
+            f"- row{'s' * (len(r) > 1)} {', '.join(r)}: {rest}" for rest, r in protocols.items()
+        ]
+        evaluated = ["Evaluated with:", "", *evaluated, ""] if evaluated else []
+    return "\n".join([*rows, "", *evaluated, "Trained with:", "", *commands])
 
 
-def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
-    """A summary's row of `results_table`, and its line under the table: the training command.
+def _results_row(summary: dict[str, Any]) -> tuple[str, str, str]:
+    """A summary's row of `results_table`, its training command, and the rest of its protocol.
 
     A value of the wrong type raises TypeError or ValueError.
     """
@@ -607,11 +619,12 @@ def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
     seconds = training.get("seconds")
     hours = None if seconds is None else seconds / 3600
     anchor = re.sub(r"[^\w\- ]", "", env.lower()).replace(" ", "-")  # GitHub's, for ``## <env>``
+    evaluated, rest = protocol_parts(summary.get("protocol"))
     cells = [
         f"[{env}](docs/results.md#{anchor})",
         f"{summary['mean']:.2f} ± {summary['std']:.2f}{played}",
-        describe_protocol(summary.get("protocol")),
-        describe_protocol(training.get("protocol"), full=False),
+        evaluated,
+        protocol_parts(training.get("protocol"))[0],
         "?" if frames is None else f"{frames:,}",
         # Tenths of an hour, or two figures for a run shorter than one (CartPole's 0.015).
         "?" if hours is None else f"{hours:.1f}" if hours >= 0.95 else f"{hours:.2g}",
@@ -622,7 +635,7 @@ def _results_row(summary: dict[str, Any]) -> tuple[str, str]:
     resumed = resumed_note(
         training.get("sittings", 1), training.get("restarts", 0), training.get("commands")
     )
-    return f"| {' | '.join(cells)} |", f"- {env}: `{shown}`{resumed}"
+    return f"| {' | '.join(cells)} |", f"- {env}: `{shown}`{resumed}", rest
 
 
 # Command line

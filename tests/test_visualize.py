@@ -23,11 +23,11 @@ from utils import UsageError
 from visualize import (
     TestGame,
     describe_milestone,
-    describe_protocol,
     first_reaching,
     moving_average,
     parse_log,
     parse_sittings,
+    protocol_parts,
     results_table,
     resumed_note,
     without_folders,
@@ -530,12 +530,10 @@ def test_results_table_from_eval_summaries(tmp_path):
     path.write_text(json.dumps(summary))
     cells = results_table([path]).splitlines()[2].split(" | ")
     assert cells[0] == "| [ALE/Pong-v5](docs/results.md#alepong-v5)"
-    assert cells[2:6] == [
-        "sticky 0.25, skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps",
-        "deterministic",
-        "250,000",
-        "6.4",
-    ]
+    assert cells[2:6] == ["sticky 0.25", "deterministic", "250,000", "6.4"]
+    # The rest of the evaluation's protocol goes under the table, once for the rows sharing it.
+    under = results_table([path]).splitlines()[3:6]
+    assert under == ["", "Every game: skip 4 max-pooled, 1-30 no-op starts, cap 10,000 steps.", ""]
     summary["env"] = "CartPole-v1"
     summary["training"]["command"] += " --log-dir /work/run/logs/ -smd /work/m --load-model-dir=x"
     summary["training"]["sittings"] = 3  # a run resumed twice: its first command, and so
@@ -556,7 +554,7 @@ def test_results_table_from_eval_summaries(tmp_path):
     other.parent.mkdir()
     other.write_text(json.dumps({**summary, "mean": 480.0}))
     both = results_table([path, other]).splitlines()
-    assert len(both) == 2 + 2 + 3 + 1 and both[3].startswith("| [CartPole-v1]")
+    assert len(both) == 2 + 2 + 2 + 3 + 1 and both[3].startswith("| [CartPole-v1]")
     # Parts whose flags changed (a new lr, fp32 on another machine) are named with the
     # flags that differ from the first part's; --load, the folders and a part with no command
     # known change nothing.
@@ -584,10 +582,10 @@ def test_results_table_from_eval_summaries(tmp_path):
     spaced = "python main.py --save-model-dir '/my runs/' --seed 2 --load --log-dir 'a b/'"
     assert without_folders(spaced) == "python main.py --seed 2 --load"
     assert resumed_note(2, 0, ["python main.py --seed 1", spaced]).endswith("`--seed 2`)")
-    v5 = describe_protocol(protocol("ALE/Pong-v5", 4, 27000))
-    assert v5 == "sticky 0.25, skip 4, no no-op starts, cap 27,000 steps"
-    v0 = describe_protocol(protocol("Pong-v0", 4, 100))
-    assert v0 == "sticky 0.25, skip 2-4, no no-op starts, cap 100 steps"
+    v5 = protocol_parts(protocol("ALE/Pong-v5", 4, 27000))
+    assert v5 == ("sticky 0.25", "skip 4, no no-op starts, cap 27,000 steps")
+    v0 = protocol_parts(protocol("Pong-v0", 4, 100))
+    assert v0 == ("sticky 0.25", "skip 2-4, no no-op starts, cap 100 steps")
 
 
 def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path):
@@ -601,7 +599,8 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     lines = results_table([path]).splitlines()
     cells = lines[2].split(" | ")
     assert cells[1] == "480.50 ± 3.00 (37 games, interrupted)"
-    assert cells[2:4] == ["not an ALE game, cap 500 steps", "(not an ALE game)"]
+    assert cells[2:4] == ["not an ALE game", "not an ALE game"]
+    assert "Every game: cap 500 steps." in lines
     assert cells[4:7] == ["?", "?", "? |"]  # a record without frames, time or hardware
     assert lines[-1] == "- CartPole-v1: `?`"  # ... and without a command
     summary.update(games=50, interrupted=False)
@@ -611,8 +610,21 @@ def test_results_table_outside_atari_and_for_an_interrupted_evaluation(tmp_path)
     # type is one line, not a traceback.
     summary["protocol"] = protocol("CartPole-v1", 4, 10000, stall_steps=200)
     path.write_text(json.dumps(summary))
-    cells = results_table([path]).splitlines()[2].split(" | ")
-    assert cells[2] == "not an ALE game, cap 500 steps, games cut after 200 steps without a reward"
+    stalled = tmp_path / "stalled" / "CartPole-v1_eval.json"
+    stalled.parent.mkdir()
+    stalled.write_text(json.dumps(summary))
+    both = results_table([path, stalled]).splitlines()
+    assert both[5] == "Every game: cap 500 steps, games cut after 200 steps without a reward."
+    summary["protocol"] = protocol("CartPole-v1", 4, 10000)
+    path.write_text(json.dumps(summary))
+    assert results_table([path, stalled, path]).splitlines()[5:11] == [
+        "",
+        "Evaluated with:",
+        "",
+        "- rows 1, 3: cap 500 steps",
+        "- row 2: cap 500 steps, games cut after 200 steps without a reward",
+        "",
+    ]
     path.write_text(json.dumps({**summary, "mean": "a"}))
     with pytest.raises(UsageError, match="is not a gym_eval.py summary this version reads"):
         results_table([path])
