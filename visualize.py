@@ -237,6 +237,14 @@ def describe_milestone(games: list[TestGame], reward: float, window: int = 10) -
     )
 
 
+def record_beside(log: Path) -> Path:
+    """The run record beside a training log, ``<env>_run.json``.
+
+    Beside ``<env>_log`` in logs/, and beside demo/'s ``<env>_train_log`` and its later parts.
+    """
+    return log.with_name(re.sub(r"(_train)?_log(_\d+)?$", "", log.name) + "_run.json")
+
+
 def training_games(record_path: str | Path) -> list[list[float]]:
     """The workers' games ``[frames, seconds, score, steps]`` of a run record's sittings, in order.
 
@@ -313,8 +321,8 @@ def plot_curve(log_path: str | Path | list[str | Path], out: str | Path, window:
     else:
         x_frames, x_label = list(range(1, len(games) + 1)), "test game"
     last = Path(logs[-1])
-    record = last.with_name(last.name.removesuffix("_log") + "_run.json")
-    trained = training_games(record) if x_label == "frames" else []  # stamped with frames
+    # the workers' games are stamped with frames, so they share only a frames axis
+    trained = training_games(record_beside(last)) if x_label == "frames" else []
     seconds = [g.seconds for g in games] + [game[1] for game in trained]
     unit, per = ("hours", 3600) if max(seconds) >= 2 * 3600 else ("min", 60)
 

@@ -778,3 +778,12 @@ def test_the_curve_draws_the_workers_games_from_the_record_beside_the_log(tmp_pa
     (tmp_path / "PongNoFrameskip-v4_run.json").write_text(json.dumps({"training_games": games}))
     png = plot_curve(log, tmp_path / "curve.png")
     assert png.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "log", ["logs/Pong_log", "demo/Pong_train_log", "demo/Pong_train_log_4", "x/Pong_log_2"]
+)
+def test_the_run_record_is_found_beside_a_log_and_beside_demos_split_logs(log):
+    from visualize import record_beside
+
+    assert record_beside(Path(log)) == Path(log).parent / "Pong_run.json"
